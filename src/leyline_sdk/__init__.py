@@ -1,0 +1,1 @@
+"""Leyline SDK: directives, chat rendering, span diffing."""

@@ -1,0 +1,214 @@
+"""Chat rendering: messages (+ tools) -> token ids with each message's exact token span.
+
+The SDK diffs conversations per message, so it must know which tokens each message owns. A
+:class:`ChatTokenizer` renders a conversation and reports those spans; where the chat template is
+not *prefix-stable* (rendering more messages changes how earlier ones render, or a token straddles
+a message boundary) the result says so in ``prefix_stable``/``unstable_reason`` instead of
+guessing, and the differ then falls back to ``forget``.
+
+Spans partition the rendered prompt: the *head* ``[0, spans[0].start)`` holds any template
+preamble (tool definitions; empty when the template cannot render zero messages), message ``i``
+owns ``[spans[i].start, spans[i].end)`` and each span ends where the next begins. The generation
+prompt, if any, is the *tail* ``[spans[-1].end, len(tokens))``.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict
+
+from leyline_sdk.errors import RenderError
+
+__all__ = ["Span", "RenderedConversation", "ChatTokenizer", "HFChatTokenizer", "normalize_messages"]
+
+
+class Span(BaseModel):
+    """Half-open token range ``[start, end)``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    start: int
+    end: int
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+
+class RenderedConversation(BaseModel):
+    """A rendered conversation: its token ids and the token span of every message."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tokens: list[int]
+    message_spans: list[Span]
+    prefix_stable: bool = True
+    unstable_reason: str | None = None
+
+    @property
+    def head(self) -> Span:
+        """Tokens before the first message (template preamble), possibly empty."""
+        return Span(start=0, end=self.message_spans[0].start if self.message_spans else 0)
+
+    @property
+    def tail(self) -> Span:
+        """Tokens after the last message (the generation prompt), possibly empty."""
+        start = self.message_spans[-1].end if self.message_spans else 0
+        return Span(start=start, end=len(self.tokens))
+
+    def message_tokens(self, index: int) -> list[int]:
+        """The token ids owned by message ``index``."""
+        span = self.message_spans[index]
+        return self.tokens[span.start : span.end]
+
+
+@runtime_checkable
+class ChatTokenizer(Protocol):
+    """Anything that renders chat messages to tokens with per-message spans."""
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> RenderedConversation:
+        """Render ``messages`` (OpenAI chat format) and ``tools`` to tokens and spans."""
+        ...
+
+
+def normalize_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
+    """Plain dicts from OpenAI-format messages (dicts or pydantic models), ``None`` fields dropped."""
+    out: list[dict[str, Any]] = []
+    for i, message in enumerate(messages):
+        if isinstance(message, BaseModel):
+            message = message.model_dump(exclude_none=True)
+        if not isinstance(message, Mapping):
+            raise RenderError(f"messages[{i}] must be a mapping, got {type(message).__name__}")
+        if "role" not in message:
+            raise RenderError(f"messages[{i}] has no 'role'")
+        out.append({k: v for k, v in message.items() if v is not None})
+    return out
+
+
+class HFChatTokenizer:
+    """:class:`ChatTokenizer` over any transformers tokenizer that has a chat template.
+
+    Spans come from rendering each message prefix as text (``apply_chat_template`` with
+    ``tokenize=False``), checking that every prefix text is a prefix of the full text, and mapping
+    the character boundaries onto one tokenization of the full text (offset mapping). The cost is
+    one template render per message; tokenization happens once.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("the tokenizer has no chat template")
+        if not getattr(tokenizer, "is_fast", False):
+            raise ValueError("a fast tokenizer (offset mapping) is required")
+        self.tokenizer = tokenizer
+        # transformers' own renderer (what apply_chat_template uses), minus its refusal of an
+        # empty conversation, which we need to find the template's preamble.
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        self._render_jinja = render_jinja_template
+
+    def render_text(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> str:
+        """The chat template's text for ``messages`` (no tokenization; zero messages allowed)."""
+        try:
+            template = self.tokenizer.get_chat_template(None, list(tools) if tools else None)
+            rendered, _ = self._render_jinja(
+                conversations=[list(messages)],
+                tools=list(tools) if tools else None,
+                chat_template=template,
+                add_generation_prompt=add_generation_prompt,
+                **self.tokenizer.special_tokens_map,
+            )
+        except Exception as exc:  # jinja raises many types; surface one
+            raise RenderError(f"chat template failed: {exc}") from exc
+        return str(rendered[0])
+
+    def _preamble(self, tools: Sequence[Mapping[str, Any]] | None) -> str:
+        """The text the template renders for zero messages ("" if it cannot)."""
+        try:
+            return self.render_text([], tools, False)
+        except RenderError:
+            return ""
+
+    def encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids and character offsets of ``text`` (no extra special tokens)."""
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> RenderedConversation:
+        """Render and locate each message's tokens; see the module docstring for the contract."""
+        msgs = normalize_messages(messages)
+        if not msgs:
+            raise RenderError("cannot render an empty conversation")
+        full = self.render_text(msgs, tools, add_generation_prompt)
+        reason: str | None = None
+        previous = self._preamble(tools)
+        if not full.startswith(previous):
+            previous = ""
+        boundaries = [0, len(previous)]
+        for i in range(1, len(msgs) + 1):
+            text = full if (i == len(msgs) and not add_generation_prompt) else None
+            text = text if text is not None else self.render_text(msgs[:i], tools, False)
+            if not (text.startswith(previous) and full.startswith(text)):
+                reason = reason or f"rendering message {i - 1} changes the text of earlier messages"
+            boundaries.append(len(text))
+            previous = text
+        tokens, offsets = self.encode(full)
+        token_bounds = _char_to_token_boundaries(boundaries, offsets, len(full))
+        if token_bounds is None:
+            reason = reason or "a token straddles a message boundary"
+            token_bounds = _nearest_token_boundaries(boundaries, offsets, len(tokens))
+        spans = [Span(start=a, end=b) for a, b in zip(token_bounds[1:], token_bounds[2:])]
+        return RenderedConversation.model_construct(
+            tokens=tokens,
+            message_spans=spans,
+            prefix_stable=reason is None,
+            unstable_reason=reason,
+        )
+
+
+def _token_starts(offsets: Sequence[tuple[int, int]]) -> list[int]:
+    return [start for start, _ in offsets]
+
+
+def _char_to_token_boundaries(
+    char_bounds: Sequence[int], offsets: Sequence[tuple[int, int]], text_length: int
+) -> list[int] | None:
+    """Token index at each character boundary, or ``None`` if one falls inside a token."""
+    starts = _token_starts(offsets)
+    out: list[int] = []
+    for c in char_bounds:
+        if c >= text_length:
+            out.append(len(offsets))
+            continue
+        k = bisect.bisect_left(starts, c)
+        if k >= len(starts) or starts[k] != c or (k > 0 and offsets[k - 1][1] > c):
+            return None
+        out.append(k)
+    return out
+
+
+def _nearest_token_boundaries(
+    char_bounds: Sequence[int], offsets: Sequence[tuple[int, int]], n_tokens: int
+) -> list[int]:
+    """Best-effort boundaries for an unstable rendering (monotone, clipped)."""
+    starts = _token_starts(offsets)
+    out = [min(bisect.bisect_left(starts, c), n_tokens) for c in char_bounds]
+    for i in range(1, len(out)):
+        out[i] = max(out[i], out[i - 1])
+    return out

@@ -1,0 +1,120 @@
+"""From "these messages changed" to exact token-span directives.
+
+:func:`diff_to_directives` compares two renderings of a conversation (before and after an edit)
+message by message:
+
+1. Each rendering is cut into *cells*: the head (template preamble), one per message (its
+   span) and the tail (generation prompt). Cells are matched between old and new by their token content (``difflib`` on cell
+   keys), which localises replaced, inserted and removed messages.
+2. Each unmatched block of cells becomes one directive over the block's old token range, with
+   the common token prefix and suffix inside the block trimmed away.
+3. A block's mode is ``forget`` if any message in it was marked ``forget`` (by old index in
+   ``modes`` or new index in ``new_modes``), else ``default``.
+4. The result is verified: ``apply(old.tokens, D) == new.tokens``. Anything that does not check
+   out — an unstable template, a failed verification — becomes one ``forget`` directive from the
+   first differing token. Never a directive that reproduces the wrong tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from difflib import SequenceMatcher
+
+from leyline_sdk.directives import Directive, Mode, apply
+from leyline_sdk.rendering import RenderedConversation
+
+__all__ = ["diff_to_directives", "diff_tokens", "forget_from_first_difference"]
+
+
+def _cell_starts(conv: RenderedConversation) -> list[int]:
+    """Start of each cell (head, messages, tail) followed by the total length."""
+    starts = [0] + [span.start for span in conv.message_spans]
+    starts.append(conv.message_spans[-1].end if conv.message_spans else 0)
+    starts.append(len(conv.tokens))
+    return starts
+
+
+def _cell_keys(tokens: Sequence[int], starts: Sequence[int]) -> list[tuple[int, ...]]:
+    return [tuple(tokens[a:b]) for a, b in zip(starts, starts[1:])]
+
+
+def _common_prefix(a: Sequence[int], a0: int, a1: int, b: Sequence[int], b0: int, b1: int) -> int:
+    n = 0
+    limit = min(a1 - a0, b1 - b0)
+    while n < limit and a[a0 + n] == b[b0 + n]:
+        n += 1
+    return n
+
+
+def _common_suffix(a: Sequence[int], a0: int, a1: int, b: Sequence[int], b0: int, b1: int) -> int:
+    n = 0
+    limit = min(a1 - a0, b1 - b0)
+    while n < limit and a[a1 - 1 - n] == b[b1 - 1 - n]:
+        n += 1
+    return n
+
+
+def diff_tokens(
+    old: Sequence[int], old_range: tuple[int, int], new: Sequence[int], new_range: tuple[int, int], mode: Mode
+) -> Directive | None:
+    """One directive turning ``old[old_range]`` into ``new[new_range]``, trimmed; ``None`` if equal."""
+    a0, a1 = old_range
+    b0, b1 = new_range
+    p = _common_prefix(old, a0, a1, new, b0, b1)
+    a0, b0 = a0 + p, b0 + p
+    s = _common_suffix(old, a0, a1, new, b0, b1)
+    a1, b1 = a1 - s, b1 - s
+    if a0 == a1 and b0 == b1:
+        return None
+    return Directive.model_construct(start=a0, end=a1, replacement=tuple(new[b0:b1]), mode=mode)
+
+
+def forget_from_first_difference(old: Sequence[int], new: Sequence[int]) -> list[Directive]:
+    """The conservative answer: recompute everything from the first differing token."""
+    p = _common_prefix(old, 0, len(old), new, 0, len(new))
+    if p == len(old) == len(new):
+        return []
+    return [Directive(start=p, end=len(old), replacement=list(new[p:]), mode=Mode.FORGET)]
+
+
+def diff_to_directives(
+    old: RenderedConversation,
+    new: RenderedConversation,
+    modes: Mapping[int, Mode] | None = None,
+    new_modes: Mapping[int, Mode] | None = None,
+    default: Mode = Mode.AMORTIZE,
+) -> list[Directive]:
+    """Directives that turn ``old.tokens`` into ``new.tokens``, localised by message.
+
+    ``modes`` gives the mode of edits by *old* message index (replaced or removed messages),
+    ``new_modes`` by *new* message index (inserted or replacing messages); unnamed messages get
+    ``default``. The result always satisfies ``apply(old.tokens, result) == new.tokens``.
+    """
+    if not (old.prefix_stable and new.prefix_stable):
+        return forget_from_first_difference(old.tokens, new.tokens)
+    modes = modes or {}
+    new_modes = new_modes or {}
+    old_starts, new_starts = _cell_starts(old), _cell_starts(new)
+    matcher = SequenceMatcher(
+        None, _cell_keys(old.tokens, old_starts), _cell_keys(new.tokens, new_starts), autojunk=False
+    )
+    directives: list[Directive] = []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        # cell k is message k - 1 (cell 0 is the head)
+        forget = any(modes.get(i - 1) is Mode.FORGET for i in range(i1, i2)) or any(
+            new_modes.get(j - 1) is Mode.FORGET for j in range(j1, j2)
+        )
+        d = diff_tokens(
+            old.tokens,
+            (old_starts[i1], old_starts[i2]),
+            new.tokens,
+            (new_starts[j1], new_starts[j2]),
+            Mode.FORGET if forget else default,
+        )
+        if d is not None:
+            directives.append(d)
+    if apply(old.tokens, directives) != new.tokens:
+        return forget_from_first_difference(old.tokens, new.tokens)
+    return directives

@@ -1,0 +1,83 @@
+"""diff_to_directives: exact reproduction of the new tokens, localised to the edited messages."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from leyline_sdk.directives import Directive, Mode, apply
+from leyline_sdk.rendering import RenderedConversation, Span
+from leyline_sdk.spans import diff_to_directives
+from tests.sdk.conversations import TOOLS, conversation, edited
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_diff_reproduces_new_tokens_and_touches_only_edited_messages(chat, data):
+    old_messages = data.draw(conversation)
+    new_messages, edited_old = data.draw(edited(old_messages))
+    tools = data.draw(st.sampled_from([None, TOOLS]))
+    old = chat.render(old_messages, tools=tools)
+    new = chat.render(new_messages, tools=tools)
+    directives = diff_to_directives(old, new)
+    assert apply(old.tokens, directives) == new.tokens
+    assert all(d.mode is Mode.AMORTIZE for d in directives)  # a stable template never falls back
+    # Deleting one of two identical messages may legitimately take the other one.
+    twins = {j for j, m in enumerate(old_messages) for i in edited_old if m == old_messages[i]}
+    allowed = set()
+    for i in edited_old | twins:
+        allowed.update(range(old.message_spans[i].start, old.message_spans[i].end))
+    for d in directives:
+        assert set(range(d.start, d.end)) <= allowed, (d, edited_old)
+
+
+def test_stub_replacing_tool_output_trims_to_the_content(chat, hf_tokenizer):
+    messages = [
+        {"role": "user", "content": "read it"},
+        {"role": "tool", "tool_call_id": "c", "content": "line\n" * 200},
+        {"role": "user", "content": "thanks"},
+    ]
+    old = chat.render(messages)
+    new = chat.render([messages[0], {**messages[1], "content": "[evicted]"}, messages[2]])
+    (d,) = diff_to_directives(old, new)
+    span = old.message_spans[1]
+    assert span.start < d.start and d.end < span.end  # role header and <|im_end|> kept
+    assert hf_tokenizer.decode(list(d.replacement)).strip() in "[evicted]"
+    assert d.mode is Mode.AMORTIZE
+
+
+def test_modes_come_from_the_causing_edit(chat):
+    messages = [{"role": "user", "content": f"message {i} " * 5} for i in range(4)]
+    changed = [dict(m) for m in messages]
+    changed[1]["content"] = "stub one"
+    changed[3]["content"] = "stub three"
+    old, new = chat.render(messages), chat.render(changed)
+    ds = diff_to_directives(old, new, modes={3: Mode.FORGET})
+    assert [d.mode for d in ds] == [Mode.AMORTIZE, Mode.FORGET]
+    inserted = chat.render(messages[:2] + [{"role": "user", "content": "secret"}] + messages[2:])
+    ds = diff_to_directives(old, inserted, new_modes={2: Mode.FORGET})
+    assert [d.mode for d in ds] == [Mode.FORGET] and ds[0].start == ds[0].end
+
+
+def test_identical_conversations_need_no_directive(chat):
+    messages = [{"role": "user", "content": "hi"}]
+    assert diff_to_directives(chat.render(messages), chat.render(messages)) == []
+
+
+def _conv(tokens, cuts, stable=True):
+    spans = [Span(start=a, end=b) for a, b in zip(cuts, cuts[1:])]
+    return RenderedConversation(tokens=tokens, message_spans=spans, prefix_stable=stable)
+
+
+def test_unstable_rendering_falls_back_to_forget_from_first_difference():
+    old = _conv([1, 2, 3, 4, 5, 6], [0, 3, 6])
+    new = _conv([1, 2, 9, 4, 5, 6], [0, 3, 6], stable=False)
+    assert diff_to_directives(old, new) == [Directive(start=2, end=6, replacement=[9, 4, 5, 6], mode="forget")]
+
+
+def test_unexplained_difference_becomes_forget():
+    # Cells whose boundaries disagree with their contents still end in an exact result.
+    old = _conv([1, 2, 3, 4], [0, 2, 4])
+    new = _conv([1, 2, 3, 4, 5], [0, 1, 5])
+    ds = diff_to_directives(old, new)
+    assert apply(old.tokens, ds) == new.tokens
