@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
+import os
 
-from leyline_sdk.rendering import HFChatTokenizer
-from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
+# Triton kernels run on CPU tensors only if this is set before a kernel is defined.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from leyline_sdk.rendering import HFChatTokenizer  # noqa: E402
+from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="session")

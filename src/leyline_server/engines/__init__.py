@@ -1,0 +1,1 @@
+"""Serving engines: embedded (default) and SGLang."""

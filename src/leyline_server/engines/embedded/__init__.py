@@ -1,0 +1,1 @@
+"""The embedded engine: slot pool, radix cache, transformers forward, splice."""

@@ -1,0 +1,176 @@
+"""Fused gather–copy–rotate over all layers of a slot pool (torch reference + dispatcher).
+
+Pool layout (one tensor for all layers, rows are what the model caches per token and head)::
+
+    keys   [L, S, H, D]   MLA: H = 1, D = kv_lora_rank + qk_rope_head_dim  ([latent | k_pe])
+                          GQA: H = kv heads, D = head_dim
+    values [L, S, Hv, Dv] GQA only; copied, never rotated
+
+For every layer and every i: ``keys[l, dst[i]] = rotate(keys[l, src[i]], new_pos[i] - old_pos[i])``
+where only ``D[rotary_offset : rotary_offset + rotary_dim]`` rotates (pairs per ``spec.layout``)
+and the rest is copied. The angle of pair j is ``fp32(new·θ_j) − fp32(old·θ_j)`` — the phases
+the model itself computed — subtracted exactly (fp64) and applied as a *unit* rotation in fp32,
+then stored in the pool's dtype. ``src == dst`` (elementwise) rotates in place; any other
+overlap between the two slot sets is refused (it would read rows already written).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+import torch
+
+from leyline_server.rope import PairLayout, RopeSpec
+
+__all__ = ["rotate_copy", "rotate_copy_torch", "shift_cos_sin", "Backend"]
+
+Backend = Literal["auto", "torch", "triton"]
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def shift_cos_sin(
+    old_pos: torch.Tensor, new_pos: torch.Tensor, spec: RopeSpec
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of each token's per-pair shift angle, ``[N, rotary_dim // 2]`` fp32.
+
+    Phases are formed exactly as the model forms them (fp32 position times fp32 inverse
+    frequency, rounded to fp32); their difference is taken in fp64, where it is exact.
+    """
+    inv_freq = spec.inv_freq_tensor(old_pos.device)
+    phase_new = new_pos.to(torch.float32)[:, None] * inv_freq[None, :]
+    phase_old = old_pos.to(torch.float32)[:, None] * inv_freq[None, :]
+    angle = phase_new.to(torch.float64) - phase_old.to(torch.float64)
+    return torch.cos(angle).to(torch.float32), torch.sin(angle).to(torch.float32)
+
+
+_CHUNK = 512  # tokens per step: keeps each step's fp32 temporaries cache-sized
+
+
+def _rotate_slice_(x: torch.Tensor, lo: int, hi: int, cos: torch.Tensor, sin: torch.Tensor, layout: PairLayout) -> None:
+    """Rotate ``x[..., lo:hi]`` in place (math in fp32): ``x [N, H, D]``, ``cos/sin [N, W/2]``."""
+    xf = x[..., lo:hi].to(torch.float32)
+    c, s = cos[:, None, :], sin[:, None, :]
+    if layout is PairLayout.INTERLEAVED:
+        x1, x2 = xf[..., 0::2], xf[..., 1::2]
+    else:
+        half = (hi - lo) // 2
+        x1, x2 = xf[..., :half], xf[..., half:]
+    y1 = (x1 * c).addcmul_(x2, s, value=-1.0)
+    y2 = (x2 * c).addcmul_(x1, s)
+    if layout is PairLayout.INTERLEAVED:
+        x[..., lo:hi][..., 0::2] = y1
+        x[..., lo:hi][..., 1::2] = y2
+    else:
+        x[..., lo : lo + half] = y1
+        x[..., lo + half : hi] = y2
+
+
+def rotate_copy_torch(
+    keys: torch.Tensor,
+    src_slots: torch.Tensor,
+    dst_slots: torch.Tensor,
+    old_pos: torch.Tensor,
+    new_pos: torch.Tensor,
+    spec: RopeSpec,
+    values: torch.Tensor | None = None,
+) -> None:
+    """Plain-torch implementation (CPU default and the test oracle); see the module docstring.
+
+    Works layer by layer in chunks of tokens: gather (a copy, so ``src == dst`` is safe), rotate
+    the slice in fp32, scatter.
+    """
+    width = spec.rotary_dim
+    lo, hi = spec.rotary_offset, spec.rotary_offset + width
+    if width:
+        cos, sin = shift_cos_sin(old_pos, new_pos, spec)
+    n = src_slots.numel()
+    for layer in range(keys.shape[0]):
+        pool = keys[layer]
+        for a in range(0, n, _CHUNK):
+            src, dst = src_slots[a : a + _CHUNK], dst_slots[a : a + _CHUNK]
+            rows = pool.index_select(0, src)
+            if width:
+                _rotate_slice_(rows, lo, hi, cos[a : a + _CHUNK], sin[a : a + _CHUNK], spec.layout)
+            pool.index_copy_(0, dst, rows)
+        if values is not None:
+            values[layer].index_copy_(0, dst_slots, values[layer].index_select(0, src_slots))
+
+
+def _validate(
+    keys: torch.Tensor,
+    src_slots: torch.Tensor,
+    dst_slots: torch.Tensor,
+    old_pos: torch.Tensor,
+    new_pos: torch.Tensor,
+    spec: RopeSpec,
+    values: torch.Tensor | None,
+) -> None:
+    if not spec.shiftable:
+        raise ValueError(f"RoPE of {spec.model_type!r} is not shiftable: {spec.reason}")
+    if keys.dim() != 4:
+        raise ValueError(f"keys must be [layers, slots, heads, dim], got shape {tuple(keys.shape)}")
+    if keys.dtype not in _DTYPES:
+        raise ValueError(f"keys dtype must be one of {_DTYPES}, got {keys.dtype}")
+    n = src_slots.numel()
+    for name, t in (("src_slots", src_slots), ("dst_slots", dst_slots), ("old_pos", old_pos), ("new_pos", new_pos)):
+        if t.dim() != 1 or t.numel() != n:
+            raise ValueError(f"{name} must be 1-D with {n} entries, got shape {tuple(t.shape)}")
+        if t.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name} must be an integer tensor, got {t.dtype}")
+        if t.device != keys.device:
+            raise ValueError(f"{name} is on {t.device}, keys on {keys.device}")
+    if spec.rotary_dim % 2 or spec.rotary_offset + spec.rotary_dim > keys.shape[-1]:
+        raise ValueError(
+            f"rotary slice [{spec.rotary_offset}, {spec.rotary_offset + spec.rotary_dim}) "
+            f"does not fit rows of {keys.shape[-1]}"
+        )
+    if len(spec.inv_freq) != spec.rotary_dim // 2:
+        raise ValueError("spec.inv_freq must hold rotary_dim // 2 frequencies")
+    if n:
+        slots = keys.shape[1]
+        lo = int(torch.minimum(src_slots.min(), dst_slots.min()))
+        hi = int(torch.maximum(src_slots.max(), dst_slots.max()))
+        if lo < 0 or hi >= slots:
+            raise ValueError(f"slot indices must lie in [0, {slots}), got [{lo}, {hi}]")
+        if not torch.equal(src_slots, dst_slots):
+            if torch.unique(dst_slots).numel() != n:
+                raise ValueError("dst_slots must not repeat a slot")
+            if torch.isin(dst_slots, src_slots).any():
+                raise ValueError("src_slots and dst_slots must be identical (in place) or disjoint")
+    if values is not None and (values.dim() != 4 or values.shape[:2] != keys.shape[:2]):
+        raise ValueError("values must be [layers, slots, heads, dim] with the keys' layers and slots")
+
+
+def _triton_usable(device: torch.device) -> bool:
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def rotate_copy(
+    keys: torch.Tensor,
+    src_slots: torch.Tensor,
+    dst_slots: torch.Tensor,
+    old_pos: torch.Tensor,
+    new_pos: torch.Tensor,
+    spec: RopeSpec,
+    values: torch.Tensor | None = None,
+    backend: Backend = "auto",
+) -> None:
+    """Gather–copy–rotate ``src_slots`` into ``dst_slots`` over every layer of the pool.
+
+    ``backend="auto"`` uses the Triton kernel for CUDA tensors and torch otherwise; ``"triton"``
+    on CPU needs ``TRITON_INTERPRET=1`` set before the kernel module is first imported.
+    Raises ``ValueError`` on bad shapes, dtypes, slot indices, or an unshiftable spec.
+    """
+    _validate(keys, src_slots, dst_slots, old_pos, new_pos, spec, values)
+    if src_slots.numel() == 0:
+        return
+    use_triton = backend == "triton" or (backend == "auto" and keys.device.type == "cuda")
+    if use_triton:
+        if not _triton_usable(keys.device):
+            raise RuntimeError("the Triton kernel needs a CUDA device or TRITON_INTERPRET=1 (set before import)")
+        from leyline_server.kernels.rotate_triton import rotate_copy_triton
+
+        rotate_copy_triton(keys, src_slots, dst_slots, old_pos, new_pos, spec, values)
+    else:
+        rotate_copy_torch(keys, src_slots, dst_slots, old_pos, new_pos, spec, values)

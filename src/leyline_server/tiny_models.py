@@ -1,0 +1,73 @@
+"""Tiny random transformers models built from configs with fixed seeds (no download).
+
+Tests, benchmarks and the demo need real model code without weights. These configs keep every
+architectural feature that matters to a splice (MLA latent + k_pe, GQA heads, partial rotary,
+YaRN/llama3/linear scaling) at toy sizes. ``initializer_range=0.2``: at the default 0.02 the
+logits are so flat that broken variants look correct.
+
+    model = build_model(tiny_config("deepseek_v2", layers=1))
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["tiny_config", "build_model", "YARN", "LLAMA3", "LINEAR", "TINY_VOCAB"]
+
+TINY_VOCAB = 1024  # the size of leyline_sdk's tiny tokenizer
+
+YARN: dict[str, Any] = {
+    "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+    "original_max_position_embeddings": 2048, "beta_fast": 32.0, "beta_slow": 1.0,
+}
+LLAMA3: dict[str, Any] = {
+    "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0, "original_max_position_embeddings": 512,
+}
+LINEAR: dict[str, Any] = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
+
+_MLA = dict(
+    num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16,
+    qk_rope_head_dim=16, v_head_dim=16, first_k_dense_replace=1_000, moe_intermediate_size=32,
+    n_routed_experts=4,
+)
+_FAMILY: dict[str, dict[str, Any]] = {
+    "deepseek_v2": _MLA,
+    "deepseek_v3": {**_MLA, "rope_interleave": True},
+    "llama": {"num_key_value_heads": 2},
+    "mistral": {"num_key_value_heads": 2, "sliding_window": None},
+    "qwen2": {"num_key_value_heads": 2},
+    "qwen3": {"num_key_value_heads": 2, "head_dim": 16},
+    "gpt_neox": {"rotary_pct": 0.25},
+}
+
+
+def tiny_config(model_type: str, layers: int = 1, rope: dict[str, Any] | None = None, **overrides: Any) -> Any:
+    """A transformers config of ``model_type`` at toy size (hidden 64, 4 heads, vocab 1024)."""
+    from transformers import AutoConfig
+
+    if model_type not in _FAMILY:
+        raise ValueError(f"no tiny config for {model_type!r}; known: {sorted(_FAMILY)}")
+    kwargs: dict[str, Any] = dict(
+        vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+        num_attention_heads=4, max_position_embeddings=8192, initializer_range=0.2,
+        tie_word_embeddings=False,
+    )
+    kwargs.update(_FAMILY[model_type])
+    if rope is not None:
+        kwargs["rope_parameters"] = dict(rope)
+    kwargs.update(overrides)
+    config = AutoConfig.for_model(model_type, **kwargs)
+    config._attn_implementation = "eager"
+    return config
+
+
+def build_model(config: Any, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A randomly initialised causal LM for ``config`` (deterministic for a seed), in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model.eval()
