@@ -17,11 +17,14 @@ demo: $(STAMP)
 	$(PY) examples/walkthrough.py
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check src policies tests benchmarks examples
+	$(VENV)/bin/ruff format --check src policies tests benchmarks examples
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_diff.py
 	$(PY) benchmarks/bench_rotate.py
+	$(PY) benchmarks/bench_engine.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src policies tests benchmarks examples

@@ -29,8 +29,11 @@ def tool_heavy_conversation(n_messages: int, seed: int = 0) -> list[dict]:
     i = 0
     while len(messages) < n_messages:
         messages.append({"role": "user", "content": f"step {i}: inspect src/mod_{i}.py"})
-        call = {"id": f"c{i}", "type": "function",
-                "function": {"name": "read_file", "arguments": json.dumps({"path": f"src/mod_{i}.py"})}}
+        call = {
+            "id": f"c{i}",
+            "type": "function",
+            "function": {"name": "read_file", "arguments": json.dumps({"path": f"src/mod_{i}.py"})},
+        }
         messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         body = "\n".join(" ".join(rng.choice(WORDS) for _ in range(12)) for _ in range(56))
         messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": body})
@@ -50,7 +53,10 @@ def main() -> None:
     old_messages = tool_heavy_conversation(args.messages)
     tool_idx = next(i for i, m in enumerate(old_messages) if m["role"] == "tool" and i > args.messages // 3)
     new_messages = list(old_messages)
-    new_messages[tool_idx] = {**old_messages[tool_idx], "content": "[evicted: read_file output, 56 lines]"}
+    new_messages[tool_idx] = {
+        **old_messages[tool_idx],
+        "content": "[evicted: read_file output, 56 lines]",
+    }
 
     render_times, diff_times = [], []
     for _ in range(args.repeat):
@@ -66,8 +72,10 @@ def main() -> None:
     n = len(old.tokens)
     render_ms = statistics.median(render_times) * 1e3
     diff_ms = statistics.median(diff_times) * 1e3
-    print(f"messages={len(old_messages)} tokens={n} directives={len(directives)} "
-          f"removed={sum(d.end - d.start for d in directives)} inserted={sum(len(d.replacement) for d in directives)}")
+    print(
+        f"messages={len(old_messages)} tokens={n} directives={len(directives)} "
+        f"removed={sum(d.end - d.start for d in directives)} inserted={sum(len(d.replacement) for d in directives)}"
+    )
     print(f"render (template + tokenizer, per conversation): {render_ms:8.1f} ms  {n / render_ms * 1e3:12,.0f} tok/s")
     print(f"diff_to_directives (incl. verification):          {diff_ms:8.1f} ms  {2 * n / diff_ms * 1e3:12,.0f} tok/s")
     print(f"target diff < 50 ms: {'PASS' if diff_ms < 50 else 'MISS'}")

@@ -28,7 +28,14 @@ SHAPES = {
 
 def spec_for(offset: int, width: int, layout: PairLayout) -> RopeSpec:
     inv = tuple(1.0 / 10000 ** (2 * i / width) for i in range(width // 2))
-    return RopeSpec(model_type="bench", shiftable=True, rotary_offset=offset, rotary_dim=width, layout=layout, inv_freq=inv)
+    return RopeSpec(
+        model_type="bench",
+        shiftable=True,
+        rotary_offset=offset,
+        rotary_dim=width,
+        layout=layout,
+        inv_freq=inv,
+    )
 
 
 def timed(fn, device: torch.device, repeat: int) -> float:
@@ -56,35 +63,47 @@ def main() -> None:
     print(f"device={device} torch={torch.__version__} threads={torch.get_num_threads()}")
     print(f"{'pool':14s} {'tokens':>7s} {'impl':7s} {'ms':>9s} {'ktok/s':>8s} {'GB/s':>7s} {'vs copy':>8s}")
     for name in args.shapes:
-        layers, heads, row, off, width, layout, has_values = SHAPES[name]
-        spec = spec_for(off, width, layout)
         for n in args.tokens:
-            slots = 2 * n + 1
-            keys = torch.randn(layers, slots, heads, row, device=device).to(torch.bfloat16)
-            values = torch.randn(layers, slots, heads, row, device=device).to(torch.bfloat16) if has_values else None
-            src = torch.arange(1, n + 1, device=device)
-            dst = torch.arange(n + 1, 2 * n + 1, device=device)
-            old = torch.arange(5000, 5000 + n, device=device)
-            new = old - 1000
-            moved = keys[:, :n].numel() * keys.element_size() * (2 if has_values else 1)
-            nbytes = 2 * moved  # read + write
+            bench_one(name, n, device, backends, args.repeat)
 
-            def copy():
-                # the fastest plain copy we found of the same rows: per layer gather + scatter
-                for layer in range(layers):
-                    keys[layer].index_copy_(0, dst, keys[layer].index_select(0, src))
-                    if values is not None:
-                        values[layer].index_copy_(0, dst, values[layer].index_select(0, src))
 
-            t_copy = timed(copy, device, args.repeat)
-            print(f"{name:14s} {n:7d} {'copy':7s} {t_copy * 1e3:9.2f} {n / t_copy / 1e3:8.0f} {nbytes / t_copy / 1e9:7.1f} {1.0:8.2f}")
-            for backend in backends:
-                def run(backend=backend):
-                    rotate_copy(keys, src, dst, old, new, spec, values=values, backend=backend)
+def row(name: str, n: int, impl: str, t: float, nbytes: int, t_copy: float) -> str:
+    """One table line."""
+    return f"{name:14s} {n:7d} {impl:7s} {t * 1e3:9.2f} {n / t / 1e3:8.0f} {nbytes / t / 1e9:7.1f} {t / t_copy:7.2f}x"
 
-                t = timed(run, device, args.repeat)
-                print(f"{name:14s} {n:7d} {backend:7s} {t * 1e3:9.2f} {n / t / 1e3:8.0f} {nbytes / t / 1e9:7.1f} {t / t_copy:8.2f}x")
-            del keys, values
+
+def bench_one(name: str, n: int, device: torch.device, backends: list[str], repeat: int) -> None:
+    """Time the copy and each backend for one pool shape and token count."""
+    layers, heads, width_row, off, width, layout, has_values = SHAPES[name]
+    spec = spec_for(off, width, layout)
+    slots = 2 * n + 1
+    keys = torch.randn(layers, slots, heads, width_row, device=device).to(torch.bfloat16)
+    values = None
+    if has_values:
+        values = torch.randn(layers, slots, heads, width_row, device=device).to(torch.bfloat16)
+    src = torch.arange(1, n + 1, device=device)
+    dst = torch.arange(n + 1, 2 * n + 1, device=device)
+    old = torch.arange(5000, 5000 + n, device=device)
+    new = old - 1000
+    moved = keys[:, :n].numel() * keys.element_size() * (2 if has_values else 1)
+    nbytes = 2 * moved  # read + write
+
+    def copy() -> None:
+        # the fastest plain copy we found of the same rows: per layer gather + scatter
+        for layer in range(layers):
+            keys[layer].index_copy_(0, dst, keys[layer].index_select(0, src))
+            if values is not None:
+                values[layer].index_copy_(0, dst, values[layer].index_select(0, src))
+
+    t_copy = timed(copy, device, repeat)
+    print(row(name, n, "copy", t_copy, nbytes, t_copy))
+    for backend in backends:
+        t = timed(
+            lambda b=backend: rotate_copy(keys, src, dst, old, new, spec, values=values, backend=b),
+            device,
+            repeat,
+        )
+        print(row(name, n, backend, t, nbytes, t_copy))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@
 An agent replaces an old tool output with a stub and redacts a secret. Leyline renders both
 histories with the model's chat template, diffs them per message and prints the token-span
 directives the server would apply (``amortize`` splices, ``forget`` recomputes), then checks
-``apply(old_tokens, directives) == new_tokens``.
+``apply(old_tokens, directives) == new_tokens``. Finally the embedded engine (a tiny random
+DeepSeek-V2-style MLA model, no download) applies the same edits to a real KV cache: once as an
+``amortize`` splice (stub only) and once with the redaction's ``forget``, and reports reused,
+rotated and prefilled tokens.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from leyline_sdk.directives import Mode, apply, digest, position_map
 from leyline_sdk.rendering import HFChatTokenizer
 from leyline_sdk.spans import diff_to_directives
 from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
+from leyline_server.engines.embedded.presets import load_engine
+from leyline_server.splice import splice
 
 
 def conversation() -> list[dict]:
@@ -23,8 +28,17 @@ def conversation() -> list[dict]:
     return [
         {"role": "system", "content": "You are a coding agent. Use tools."},
         {"role": "user", "content": "Find the failing test. My token is sk-12345."},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "run", "arguments": json.dumps({"cmd": "ls -l src"})}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "run", "arguments": json.dumps({"cmd": "ls -l src"})},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": listing},
         {"role": "assistant", "content": "Thirty modules. Running the tests next."},
         {"role": "user", "content": "Go ahead."},
@@ -36,7 +50,7 @@ def main() -> None:
     tools = [{"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}]
     old_messages = conversation()
     new_messages = [dict(m) for m in old_messages]
-    new_messages[3]["content"] = "[evicted: run(ls -l src), 30 lines]"            # stale tool output
+    new_messages[3]["content"] = "[evicted: run(ls -l src), 30 lines]"  # stale tool output
     new_messages[1]["content"] = "Find the failing test. My token is [redacted]."  # must be forgotten
 
     old = chat.render(old_messages, tools=tools)
@@ -49,8 +63,10 @@ def main() -> None:
     print("\ndirectives:")
     tok = chat.tokenizer
     for d in directives:
-        print(f"  [{d.start:4d}, {d.end:4d}) -> {len(d.replacement):3d} tokens  mode={d.mode.value:8s} "
-              f"removed={tok.decode(old.tokens[d.start:d.end])[:40]!r}  replacement={tok.decode(list(d.replacement))!r}")
+        print(
+            f"  [{d.start:4d}, {d.end:4d}) -> {len(d.replacement):3d} tokens  mode={d.mode.value:8s} "
+            f"removed={tok.decode(old.tokens[d.start : d.end])[:40]!r}  replacement={tok.decode(list(d.replacement))!r}"
+        )
 
     result = apply(old.tokens, directives)
     assert result == new.tokens, "directives must reproduce the new prompt exactly"
@@ -61,6 +77,20 @@ def main() -> None:
     first_forget = min((d.start for d in directives if d.mode is Mode.FORGET), default=None)
     if first_forget is not None:
         print(f"a forget directive starts at {first_forget}: the server recomputes everything from there")
+
+    print("\nembedded engine (tiny-mla, 4 layers, CPU):")
+    stub_only = [d for d in directives if d.mode is Mode.AMORTIZE]
+    for label, ds in (("stub (amortize)", stub_only), ("stub + redaction (forget)", directives)):
+        engine, _ = load_engine("tiny-mla", kv_budget_mb=16, layers=4)
+        pinned, _, _ = engine.prefill(old.tokens)
+        pinned, report = splice(engine, pinned, ds)
+        engine.check_integrity()
+        assert pinned.tokens == apply(old.tokens, ds)
+        print(
+            f"  {label:26s} applied={report.applied} reused={report.reused_tokens:4d} "
+            f"rotated={report.rotated_tokens:4d} prefilled={report.prefilled_tokens:4d} "
+            f"time={report.splice_ms:6.1f} ms"
+        )
 
 
 if __name__ == "__main__":

@@ -125,8 +125,7 @@ def check(directives: Sequence[Directive], base_length: int) -> None:
             )
         if i > 0 and d.start < previous_end:
             raise DirectiveError(
-                f"directive {i}: start={d.start} overlaps directive {i - 1} "
-                f"(which ends at {previous_end})",
+                f"directive {i}: start={d.start} overlaps directive {i - 1} (which ends at {previous_end})",
                 index=i,
                 field="start",
             )

@@ -173,7 +173,7 @@ class HFChatTokenizer:
         if token_bounds is None:
             reason = reason or "a token straddles a message boundary"
             token_bounds = _nearest_token_boundaries(boundaries, offsets, len(tokens))
-        spans = [Span(start=a, end=b) for a, b in zip(token_bounds[1:], token_bounds[2:])]
+        spans = [Span(start=a, end=b) for a, b in zip(token_bounds[1:], token_bounds[2:], strict=False)]
         return RenderedConversation.model_construct(
             tokens=tokens,
             message_spans=spans,

@@ -4,8 +4,9 @@
 message by message:
 
 1. Each rendering is cut into *cells*: the head (template preamble), one per message (its
-   span) and the tail (generation prompt). Cells are matched between old and new by their token content (``difflib`` on cell
-   keys), which localises replaced, inserted and removed messages.
+   span) and the tail (generation prompt). Cells are matched between old and new by their
+   token content (``difflib`` on cell keys), which localises replaced, inserted and removed
+   messages.
 2. Each unmatched block of cells becomes one directive over the block's old token range, with
    the common token prefix and suffix inside the block trimmed away.
 3. A block's mode is ``forget`` if any message in it was marked ``forget`` (by old index in
@@ -35,7 +36,7 @@ def _cell_starts(conv: RenderedConversation) -> list[int]:
 
 
 def _cell_keys(tokens: Sequence[int], starts: Sequence[int]) -> list[tuple[int, ...]]:
-    return [tuple(tokens[a:b]) for a, b in zip(starts, starts[1:])]
+    return [tuple(tokens[a:b]) for a, b in zip(starts, starts[1:], strict=False)]
 
 
 def _common_prefix(a: Sequence[int], a0: int, a1: int, b: Sequence[int], b0: int, b1: int) -> int:
@@ -55,7 +56,11 @@ def _common_suffix(a: Sequence[int], a0: int, a1: int, b: Sequence[int], b0: int
 
 
 def diff_tokens(
-    old: Sequence[int], old_range: tuple[int, int], new: Sequence[int], new_range: tuple[int, int], mode: Mode
+    old: Sequence[int],
+    old_range: tuple[int, int],
+    new: Sequence[int],
+    new_range: tuple[int, int],
+    mode: Mode,
 ) -> Directive | None:
     """One directive turning ``old[old_range]`` into ``new[new_range]``, trimmed; ``None`` if equal."""
     a0, a1 = old_range

@@ -44,8 +44,13 @@ class Session:
 class SessionStore:
     """Sessions by id, least recently used first; expiry after ``ttl_s``, at most ``max_sessions``."""
 
-    def __init__(self, on_release: Callable[[Pinned], None], ttl_s: float = 3600.0, max_sessions: int = 1024,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        on_release: Callable[[Pinned], None],
+        ttl_s: float = 3600.0,
+        max_sessions: int = 1024,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if ttl_s <= 0 or max_sessions <= 0:
             raise ValueError("ttl_s and max_sessions must be positive")
         self._sessions: OrderedDict[str, Session] = OrderedDict()

@@ -86,8 +86,14 @@ class _Refused(Exception):
         self.code, self.message = code, message
 
 
-def _validate(engine: Engine, base: list[int], directives: Sequence[Directive], base_length: int | None,
-              base_digest: str | None, prompt: Sequence[int] | None) -> list[int]:
+def _validate(
+    engine: Engine,
+    base: list[int],
+    directives: Sequence[Directive],
+    base_length: int | None,
+    base_digest: str | None,
+    prompt: Sequence[int] | None,
+) -> list[int]:
     if base_length is not None and base_length != len(base):
         raise _Refused(FallbackCode.BASE_MISMATCH, f"client base length {base_length}, server has {len(base)}")
     if base_digest is not None and base_digest != digest(base):
@@ -99,20 +105,30 @@ def _validate(engine: Engine, base: list[int], directives: Sequence[Directive], 
     for i, d in enumerate(directives):
         bad = [t for t in d.replacement if t >= engine.vocab_size]
         if bad:
-            raise _Refused(FallbackCode.TOKEN_INVALID, f"directive {i}: token {bad[0]} >= vocab size {engine.vocab_size}")
+            raise _Refused(
+                FallbackCode.TOKEN_INVALID,
+                f"directive {i}: token {bad[0]} >= vocab size {engine.vocab_size}",
+            )
     new = apply(base, directives)
     if prompt is not None and list(prompt[: len(new)]) != new:
         raise _Refused(FallbackCode.PROMPT_MISMATCH, "apply(base, directives) is not a prefix of the prompt")
     return new
 
 
-def _forget(engine: Engine, pinned: Pinned, new: list[int], started: float, fallback: Fallback | None) -> tuple[Pinned, SpliceReport]:
+def _forget(
+    engine: Engine, pinned: Pinned, new: list[int], started: float, fallback: Fallback | None
+) -> tuple[Pinned, SpliceReport]:
     # Unpin first: the common prefix is re-matched and locked by prefill, and the old branch
     # becomes evictable, so a forget fits where the splice (which must keep it) did not.
     engine.unpin(pinned)
     fresh, _, reused = engine.prefill(new)
-    report = SpliceReport(applied=fallback is None, fallback=fallback, reused_tokens=reused,
-                          prefilled_tokens=len(new) - reused, splice_ms=(time.perf_counter() - started) * 1e3)
+    report = SpliceReport(
+        applied=fallback is None,
+        fallback=fallback,
+        reused_tokens=reused,
+        prefilled_tokens=len(new) - reused,
+        splice_ms=(time.perf_counter() - started) * 1e3,
+    )
     return fresh, report
 
 
@@ -120,15 +136,21 @@ def _canary(engine: Engine, tokens: list[int], slots: torch.Tensor, positions: t
     if slots.numel() == 0:
         return
     pick = torch.linspace(0, slots.numel() - 1, min(CANARY_TOKENS, slots.numel())).round().long().unique()
-    expected = layer0_keys(engine.model, [tokens[i] for i in pick.tolist()], positions[pick], engine.pool.layout.mla_latent)
+    expected = layer0_keys(
+        engine.model,
+        [tokens[i] for i in pick.tolist()],
+        positions[pick],
+        engine.pool.layout.mla_latent,
+    )
     actual = engine.pool.keys[0].index_select(0, slots[pick]).float()
     err = (actual - expected).abs().max().item() / max(expected.abs().max().item(), 1e-6)
     if err > CANARY_TOLERANCE.get(engine.pool.dtype, 1e-2):
         raise _Refused(FallbackCode.CANARY_FAILED, f"layer-0 keys off by {err:.2e} (relative) after rotation")
 
 
-def _amortize(engine: Engine, pinned: Pinned, directives: Sequence[Directive], new: list[int],
-              started: float) -> tuple[Pinned, SpliceReport]:
+def _amortize(
+    engine: Engine, pinned: Pinned, directives: Sequence[Directive], new: list[int], started: float
+) -> tuple[Pinned, SpliceReport]:
     base = pinned.tokens
     cached = len(pinned.slots)
     limit = min([cached] + [d.start for d in directives if d.mode is Mode.FORGET])
@@ -141,14 +163,31 @@ def _amortize(engine: Engine, pinned: Pinned, directives: Sequence[Directive], n
 
     if not engine.spec.shiftable and any(r.shift for r in runs):
         raise _Refused(FallbackCode.ROPE_UNSUPPORTED, engine.spec.reason or "RoPE not shiftable")
-    prefix = runs[0] if runs and runs[0].old_start == 0 and runs[0].shift == 0 and (not spliced or spliced[0].start > 0) else None
+    prefix = (
+        runs[0]
+        if runs and runs[0].old_start == 0 and runs[0].shift == 0 and (not spliced or spliced[0].start > 0)
+        else None
+    )
     moved = [r for r in runs if r is not prefix]
-    src = torch.cat([pinned.slots[r.old_start : r.old_end] for r in moved]) if moved else torch.empty(0, dtype=torch.int64)
-    old_pos = torch.cat([torch.arange(r.old_start, r.old_end) for r in moved]) if moved else torch.empty(0, dtype=torch.int64)
-    new_pos = torch.cat([torch.arange(r.new_start, r.new_start + r.old_end - r.old_start) for r in moved]) if moved else old_pos
+    src = (
+        torch.cat([pinned.slots[r.old_start : r.old_end] for r in moved])
+        if moved
+        else torch.empty(0, dtype=torch.int64)
+    )
+    old_pos = (
+        torch.cat([torch.arange(r.old_start, r.old_end) for r in moved]) if moved else torch.empty(0, dtype=torch.int64)
+    )
+    new_pos = (
+        torch.cat([torch.arange(r.new_start, r.new_start + r.old_end - r.old_start) for r in moved])
+        if moved
+        else old_pos
+    )
     rotations = engine.pool.rotations[src] + (new_pos != old_pos).int() if moved else torch.empty(0, dtype=torch.int32)
     if moved and int(rotations.max()) > engine.rotation_budget:
-        raise _Refused(FallbackCode.DRIFT_BUDGET, f"a slot would pass its rotation budget of {engine.rotation_budget}")
+        raise _Refused(
+            FallbackCode.DRIFT_BUDGET,
+            f"a slot would pass its rotation budget of {engine.rotation_budget}",
+        )
 
     allocated: list[torch.Tensor] = []
     try:
@@ -184,14 +223,26 @@ def _amortize(engine: Engine, pinned: Pinned, directives: Sequence[Directive], n
             engine.release(slots)
         raise
     fresh = engine.commit(new, new_slots, previous=pinned)
-    report = SpliceReport(applied=True, reused_tokens=prefix.old_end if prefix else 0, rotated_tokens=int(src.numel()),
-                          prefilled_tokens=prefilled, splice_ms=(time.perf_counter() - started) * 1e3)
+    report = SpliceReport(
+        applied=True,
+        reused_tokens=prefix.old_end if prefix else 0,
+        rotated_tokens=int(src.numel()),
+        prefilled_tokens=prefilled,
+        splice_ms=(time.perf_counter() - started) * 1e3,
+    )
     return fresh, report
 
 
-def splice(engine: Engine, pinned: Pinned, directives: Sequence[Directive], *, base_length: int | None = None,
-           base_digest: str | None = None, prompt: Sequence[int] | None = None,
-           strict: bool = False) -> tuple[Pinned, SpliceReport]:
+def splice(
+    engine: Engine,
+    pinned: Pinned,
+    directives: Sequence[Directive],
+    *,
+    base_length: int | None = None,
+    base_digest: str | None = None,
+    prompt: Sequence[int] | None = None,
+    strict: bool = False,
+) -> tuple[Pinned, SpliceReport]:
     """Apply ``directives`` to the session cached as ``pinned``; return the new pin and a report.
 
     ``pinned`` is consumed (unlocked) on success and on fallback. When the directives cannot even
@@ -213,5 +264,7 @@ def splice(engine: Engine, pinned: Pinned, directives: Sequence[Directive], *, b
         fallback = Fallback(code=code, message=message)
         target = new if new is not None else (list(prompt) if prompt is not None else None)
         if target is None:
-            return pinned, SpliceReport(applied=False, fallback=fallback, splice_ms=(time.perf_counter() - started) * 1e3)
+            return pinned, SpliceReport(
+                applied=False, fallback=fallback, splice_ms=(time.perf_counter() - started) * 1e3
+            )
         return _forget(engine, pinned, target, started, fallback)

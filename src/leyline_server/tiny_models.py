@@ -19,18 +19,32 @@ __all__ = ["tiny_config", "build_model", "YARN", "LLAMA3", "LINEAR", "TINY_VOCAB
 TINY_VOCAB = 1024  # the size of leyline_sdk's tiny tokenizer
 
 YARN: dict[str, Any] = {
-    "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-    "original_max_position_embeddings": 2048, "beta_fast": 32.0, "beta_slow": 1.0,
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "original_max_position_embeddings": 2048,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
 }
 LLAMA3: dict[str, Any] = {
-    "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0, "original_max_position_embeddings": 512,
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 512,
 }
 LINEAR: dict[str, Any] = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
 
 _MLA = dict(
-    num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16,
-    qk_rope_head_dim=16, v_head_dim=16, first_k_dense_replace=1_000, moe_intermediate_size=32,
+    num_key_value_heads=4,
+    q_lora_rank=None,
+    kv_lora_rank=32,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=16,
+    v_head_dim=16,
+    first_k_dense_replace=1_000,
+    moe_intermediate_size=32,
     n_routed_experts=4,
 )
 _FAMILY: dict[str, dict[str, Any]] = {
@@ -51,8 +65,13 @@ def tiny_config(model_type: str, layers: int = 1, rope: dict[str, Any] | None = 
     if model_type not in _FAMILY:
         raise ValueError(f"no tiny config for {model_type!r}; known: {sorted(_FAMILY)}")
     kwargs: dict[str, Any] = dict(
-        vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-        num_attention_heads=4, max_position_embeddings=8192, initializer_range=0.2,
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        max_position_embeddings=8192,
+        initializer_range=0.2,
         tie_word_embeddings=False,
     )
     kwargs.update(_FAMILY[model_type])

@@ -23,7 +23,10 @@ def tool_call(draw, i: int):
     return {
         "id": f"call_{i}",
         "type": "function",
-        "function": {"name": draw(st.sampled_from(["read_file", "run"])), "arguments": json.dumps(args)},
+        "function": {
+            "name": draw(st.sampled_from(["read_file", "run"])),
+            "arguments": json.dumps(args),
+        },
     }
 
 

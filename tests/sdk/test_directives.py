@@ -96,7 +96,11 @@ def test_insertion_and_deletion():
 
 
 def test_first_forget_start():
-    ds = [Directive(start=1, end=2), Directive(start=4, end=5, mode="forget"), Directive(start=6, end=7, mode="forget")]
+    ds = [
+        Directive(start=1, end=2),
+        Directive(start=4, end=5, mode="forget"),
+        Directive(start=6, end=7, mode="forget"),
+    ]
     assert first_forget_start(ds) == 4
     assert first_forget_start(ds[:1]) is None
 
@@ -125,7 +129,12 @@ def test_malformed_directive_names_the_field(payload, field):
         ([Directive(start=0, end=5)], 4, 0, "end"),
         ([Directive(start=2, end=3), Directive(start=0, end=1)], 10, 1, "start"),
         ([Directive(start=0, end=3), Directive(start=2, end=4)], 10, 1, "start"),
-        ([Directive(start=0, end=1), Directive(start=1, end=2), Directive(start=9, end=11)], 10, 2, "end"),
+        (
+            [Directive(start=0, end=1), Directive(start=1, end=2), Directive(start=9, end=11)],
+            10,
+            2,
+            "end",
+        ),
     ],
 )
 def test_check_names_the_offending_directive(directives, base_length, index, field):

@@ -40,9 +40,17 @@ def test_spans_match_prefix_tokenizations(chat, hf_tokenizer, messages):
 def test_message_tokens_decode_to_the_message(chat, hf_tokenizer):
     messages = [
         {"role": "user", "content": "list files"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "run", "arguments": '{"cmd": "ls"}'}}
-        ]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "run", "arguments": '{"cmd": "ls"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": "a.py\nb.py"},
     ]
     rendered = chat.render(messages, add_generation_prompt=False)
@@ -62,9 +70,7 @@ def test_unstable_template_is_reported_not_guessed(hf_tokenizer):
         "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
         "{% if loop.last %} (latest){% endif %}<|im_end|>\n{% endfor %}"
     )
-    rendered = HFChatTokenizer(tok).render(
-        [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
-    )
+    rendered = HFChatTokenizer(tok).render([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}])
     assert not rendered.prefix_stable
     assert "message" in rendered.unstable_reason
 

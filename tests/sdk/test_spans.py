@@ -65,7 +65,7 @@ def test_identical_conversations_need_no_directive(chat):
 
 
 def _conv(tokens, cuts, stable=True):
-    spans = [Span(start=a, end=b) for a, b in zip(cuts, cuts[1:])]
+    spans = [Span(start=a, end=b) for a, b in zip(cuts, cuts[1:], strict=False)]
     return RenderedConversation(tokens=tokens, message_spans=spans, prefix_stable=stable)
 
 

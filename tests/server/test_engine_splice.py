@@ -14,7 +14,10 @@ from tests.server.engine_helpers import PRESET_NAMES, engine, fresh, layer0_orac
 BASE = [(37 * i + 11) % 1000 + 7 for i in range(80)]
 EDITS = {
     "one": [Directive(start=20, end=45, replacement=[3, 4, 5, 6])],
-    "two": [Directive(start=5, end=9, replacement=[]), Directive(start=30, end=50, replacement=[8, 9])],
+    "two": [
+        Directive(start=5, end=9, replacement=[]),
+        Directive(start=30, end=50, replacement=[8, 9]),
+    ],
     "three": [
         Directive(start=2, end=2, replacement=[10, 11, 12]),
         Directive(start=20, end=40, replacement=[13]),
@@ -79,7 +82,9 @@ def test_forget_equals_fresh_prefill(name):
     cont, logits, _ = eng.prefill(new + [9], previous=pinned)
     ref_cont, ref_logits, _ = ref_eng.prefill(new + [9], previous=ref_pinned)
     params = SamplingParams(max_tokens=8)
-    assert [s.token for s in eng.decode(cont, logits, params)] == [s.token for s in ref_eng.decode(ref_cont, ref_logits, params)]
+    assert [s.token for s in eng.decode(cont, logits, params)] == [
+        s.token for s in ref_eng.decode(ref_cont, ref_logits, params)
+    ]
     eng.check_integrity()
 
 
@@ -94,7 +99,10 @@ def test_identity_edit_changes_nothing(name):
 
 
 def test_mixed_amortize_then_forget_recomputes_from_the_forget():
-    directives = [Directive(start=10, end=20, replacement=[1, 2]), Directive(start=50, end=55, replacement=[3], mode="forget")]
+    directives = [
+        Directive(start=10, end=20, replacement=[1, 2]),
+        Directive(start=50, end=55, replacement=[3], mode="forget"),
+    ]
     new = apply(BASE, directives)
     eng = engine("tiny-gqa", layers=1)
     pinned, _, _ = eng.prefill(BASE)

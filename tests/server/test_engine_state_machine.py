@@ -24,8 +24,12 @@ def directive_sets(draw, length: int):
     k = draw(st.integers(1, 3))
     cuts = sorted(draw(st.lists(st.integers(0, length), min_size=2 * k, max_size=2 * k)))
     return [
-        Directive(start=cuts[2 * i], end=cuts[2 * i + 1], replacement=draw(st.lists(token, max_size=4)),
-                  mode=draw(st.sampled_from(["amortize", "amortize", "forget"])))
+        Directive(
+            start=cuts[2 * i],
+            end=cuts[2 * i + 1],
+            replacement=draw(st.lists(token, max_size=4)),
+            mode=draw(st.sampled_from(["amortize", "amortize", "forget"])),
+        )
         for i in range(k)
     ]
 
@@ -36,7 +40,11 @@ class EngineMachine(RuleBasedStateMachine):
         self.eng = engine(preset, layers=2, kv_budget_mb=0.5)
         self.sessions = {}  # name -> (pinned, expected tokens)
 
-    @rule(name=st.sampled_from("abcd"), prompt=st.lists(token, min_size=2, max_size=30), n=st.integers(0, 4))
+    @rule(
+        name=st.sampled_from("abcd"),
+        prompt=st.lists(token, min_size=2, max_size=30),
+        n=st.integers(0, 4),
+    )
     def generate(self, name, prompt, n):
         previous = self.sessions.get(name)
         tokens = (previous[1] if previous else []) + prompt
@@ -77,5 +85,9 @@ class EngineMachine(RuleBasedStateMachine):
 
 
 TestEngineMachine = EngineMachine.TestCase
-TestEngineMachine.settings = settings(max_examples=12, stateful_step_count=12, deadline=None,
-                                      suppress_health_check=[HealthCheck.too_slow])
+TestEngineMachine.settings = settings(
+    max_examples=30,
+    stateful_step_count=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)

@@ -13,7 +13,14 @@ from leyline_server.rope import PairLayout, RopeSpec
 
 def make_spec(layout: PairLayout, offset: int = 8, width: int = 16) -> RopeSpec:
     inv = tuple(float(torch.tensor(1.0 / 10000 ** (2 * i / width), dtype=torch.float32)) for i in range(width // 2))
-    return RopeSpec(model_type="test", shiftable=True, rotary_offset=offset, rotary_dim=width, layout=layout, inv_freq=inv)
+    return RopeSpec(
+        model_type="test",
+        shiftable=True,
+        rotary_offset=offset,
+        rotary_dim=width,
+        layout=layout,
+        inv_freq=inv,
+    )
 
 
 def reference_rotation(row: torch.Tensor, angle: torch.Tensor, spec: RopeSpec) -> torch.Tensor:
@@ -120,7 +127,14 @@ def test_in_place(backend):
 def test_position_free_spec_only_copies():
     spec = RopeSpec(model_type="bloom", shiftable=True, rope_type="alibi")
     keys = torch.randn(2, 8, 2, 4)
-    rotate_copy(keys, torch.tensor([0, 1]), torch.tensor([5, 6]), torch.tensor([0, 1]), torch.tensor([9, 9]), spec)
+    rotate_copy(
+        keys,
+        torch.tensor([0, 1]),
+        torch.tensor([5, 6]),
+        torch.tensor([0, 1]),
+        torch.tensor([9, 9]),
+        spec,
+    )
     torch.testing.assert_close(keys[:, [5, 6]], keys[:, [0, 1]])
 
 
@@ -135,12 +149,21 @@ def test_position_free_spec_only_copies():
         (lambda a: a.update(dst=torch.tensor([1, 2, 5])), "identical"),
         (lambda a: a.update(dst=torch.tensor([6, 6, 7])), "repeat"),
         (lambda a: a.update(spec=make_spec(PairLayout.HALF_SPLIT, offset=24)), "does not fit"),
-        (lambda a: a.update(spec=RopeSpec(model_type="gpt2", shiftable=False, reason="absolute")), "not shiftable"),
+        (
+            lambda a: a.update(spec=RopeSpec(model_type="gpt2", shiftable=False, reason="absolute")),
+            "not shiftable",
+        ),
     ],
 )
 def test_bad_arguments_are_refused(mutate, message):
-    args = dict(keys=torch.randn(2, 10, 1, 32), src=torch.tensor([0, 1, 2]), dst=torch.tensor([5, 6, 7]),
-                old=torch.tensor([0, 1, 2]), new=torch.tensor([3, 4, 5]), spec=make_spec(PairLayout.HALF_SPLIT))
+    args = dict(
+        keys=torch.randn(2, 10, 1, 32),
+        src=torch.tensor([0, 1, 2]),
+        dst=torch.tensor([5, 6, 7]),
+        old=torch.tensor([0, 1, 2]),
+        new=torch.tensor([3, 4, 5]),
+        spec=make_spec(PairLayout.HALF_SPLIT),
+    )
     mutate(args)
     with pytest.raises(ValueError, match=message):
         rotate_copy(args["keys"], args["src"], args["dst"], args["old"], args["new"], args["spec"])

@@ -115,10 +115,23 @@ def test_specs_record_layout_slice_and_scaling():
 @pytest.mark.parametrize(
     "config, reason",
     [
-        (lambda: tiny_config("llama", rope={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}), "dynamic"),
-        (lambda: tiny_config("llama", rope={"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8,
-                                            "long_factor": [2.0] * 8, "original_max_position_embeddings": 1024}),
-         "longrope"),
+        (
+            lambda: tiny_config("llama", rope={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}),
+            "dynamic",
+        ),
+        (
+            lambda: tiny_config(
+                "llama",
+                rope={
+                    "rope_type": "longrope",
+                    "rope_theta": 10000.0,
+                    "short_factor": [1.0] * 8,
+                    "long_factor": [2.0] * 8,
+                    "original_max_position_embeddings": 1024,
+                },
+            ),
+            "longrope",
+        ),
         (lambda: __import__("transformers").GPT2Config(), "absolute"),
         (lambda: __import__("transformers").AutoConfig.for_model("falcon"), "unknown model type"),
     ],

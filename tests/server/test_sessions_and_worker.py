@@ -34,7 +34,12 @@ def test_ttl_and_cap_release_pins():
     now = [0.0]
     eng = engine("tiny-gqa", layers=1)
     released = []
-    store = SessionStore(on_release=lambda p: (released.append(p), eng.unpin(p)), ttl_s=10, max_sessions=2, clock=lambda: now[0])
+    store = SessionStore(
+        on_release=lambda p: (released.append(p), eng.unpin(p)),
+        ttl_s=10,
+        max_sessions=2,
+        clock=lambda: now[0],
+    )
     a = store.create(None, eng.prefill([10, 11])[0])
     b = store.create(None, eng.prefill([20, 21])[0])
     store.create(None, eng.prefill([30, 31])[0])  # pushes out a (least recently used)
@@ -53,7 +58,7 @@ async def test_streams_interleave_and_cancellation_commits():
 
     async def run(tag, prompt, n):
         pinned, logits, _ = await front.call(eng.prefill, prompt)
-        async for step in front.stream(pinned, logits, SamplingParams(max_tokens=n)):
+        async for _step in front.stream(pinned, logits, SamplingParams(max_tokens=n)):
             order.append(tag)
         return pinned
 
@@ -79,9 +84,40 @@ def test_sampling_is_seeded_and_greedy_is_argmax():
     runs = []
     for _ in range(2):
         p, lg, _ = eng.prefill([10, 11, 12])
-        runs.append([s.token for s in eng.decode(p, lg, SamplingParams(max_tokens=5, temperature=1.0, top_p=0.9, seed=3))])
+        runs.append(
+            [s.token for s in eng.decode(p, lg, SamplingParams(max_tokens=5, temperature=1.0, top_p=0.9, seed=3))]
+        )
     assert runs[0] == runs[1]
     stop = int(torch.argmax(logits))
     p, lg, _ = eng.prefill([10, 11, 12])
     steps = list(eng.decode(p, lg, SamplingParams(max_tokens=5, stop_token_ids=[stop])))
     assert [s.finish_reason for s in steps] == ["stop"]
+
+
+def test_local_checkpoint_folder_loads_by_path(tmp_path):
+    from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
+    from leyline_server.engines.embedded.presets import load_engine, preset_config
+    from leyline_server.tiny_models import build_model
+
+    model = build_model(preset_config("tiny-gqa", layers=1), seed=5)
+    model.save_pretrained(tmp_path)
+    load_tiny_tokenizer().save_pretrained(tmp_path)
+    eng, tok = load_engine(str(tmp_path), kv_budget_mb=1)
+    ids = [10, 11, 12, 13]
+    _, logits, _ = eng.prefill(ids)
+    with torch.no_grad():
+        expected = model(input_ids=torch.tensor([ids])).logits[0, -1]
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+    assert tok.eos_token == "<|im_end|>" and eng.eos_token_ids == [tok.eos_token_id]
+    with pytest.raises(ValueError, match="neither a preset"):
+        load_engine(str(tmp_path / "missing"))
+
+
+def test_full_pool_raises_capacity_not_a_crash():
+    from leyline_server.engines.embedded.engine import CapacityError
+
+    eng = engine("tiny-gqa", layers=1, kv_budget_mb=0.01)
+    with pytest.raises(CapacityError):
+        eng.prefill(list(range(10, 10 + eng.pool.capacity + 5)))
+    eng.check_integrity()
+    eng.prefill([10, 11, 12])  # still serving

@@ -29,9 +29,7 @@ Backend = Literal["auto", "torch", "triton"]
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def shift_cos_sin(
-    old_pos: torch.Tensor, new_pos: torch.Tensor, spec: RopeSpec
-) -> tuple[torch.Tensor, torch.Tensor]:
+def shift_cos_sin(old_pos: torch.Tensor, new_pos: torch.Tensor, spec: RopeSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of each token's per-pair shift angle, ``[N, rotary_dim // 2]`` fp32.
 
     Phases are formed exactly as the model forms them (fp32 position times fp32 inverse
@@ -113,7 +111,12 @@ def _validate(
     if keys.dtype not in _DTYPES:
         raise ValueError(f"keys dtype must be one of {_DTYPES}, got {keys.dtype}")
     n = src_slots.numel()
-    for name, t in (("src_slots", src_slots), ("dst_slots", dst_slots), ("old_pos", old_pos), ("new_pos", new_pos)):
+    for name, t in (
+        ("src_slots", src_slots),
+        ("dst_slots", dst_slots),
+        ("old_pos", old_pos),
+        ("new_pos", new_pos),
+    ):
         if t.dim() != 1 or t.numel() != n:
             raise ValueError(f"{name} must be 1-D with {n} entries, got shape {tuple(t.shape)}")
         if t.dtype not in (torch.int32, torch.int64):

@@ -22,10 +22,21 @@ __all__ = ["rotate_copy_triton"]
 
 @triton.jit
 def _gather_rotate_kernel(
-    src_ptr, dst_ptr, src_slots_ptr, dst_slots_ptr, cos_ptr, sin_ptr,
-    n_tokens, layer_stride,
-    ROW: tl.constexpr, HEAD_DIM: tl.constexpr, OFFSET: tl.constexpr, WIDTH: tl.constexpr,
-    INTERLEAVED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_ROW: tl.constexpr,
+    src_ptr,
+    dst_ptr,
+    src_slots_ptr,
+    dst_slots_ptr,
+    cos_ptr,
+    sin_ptr,
+    n_tokens,
+    layer_stride,
+    ROW: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    OFFSET: tl.constexpr,
+    WIDTH: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_ROW: tl.constexpr,
 ):
     layer = tl.program_id(0).to(tl.int64)
     tok = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -56,11 +67,24 @@ def _gather_rotate_kernel(
         s = tl.load(sin_ptr + table, mask=rot_mask, other=0.0)
         sign = tl.where(first, -1.0, 1.0)
         x = tl.where(rot_mask, x * c + sign[None, :] * xp * s, x)
-    tl.store(dst_ptr + base + dst[:, None] * ROW + col[None, :], x.to(dst_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        dst_ptr + base + dst[:, None] * ROW + col[None, :],
+        x.to(dst_ptr.dtype.element_ty),
+        mask=mask,
+    )
 
 
-def _launch(pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-            head_dim: int, offset: int, width: int, interleaved: bool) -> None:
+def _launch(
+    pool: torch.Tensor,
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    head_dim: int,
+    offset: int,
+    width: int,
+    interleaved: bool,
+) -> None:
     assert pool.is_contiguous(), "the pool must be contiguous"
     layers, slots = pool.shape[0], pool.shape[1]
     row = pool[0, 0].numel()
@@ -71,9 +95,21 @@ def _launch(pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, cos: torch
     block_n = triton.next_power_of_2(min(n, 1024)) if interpret else max(1, min(64, 8192 // block_row))
     grid = (layers, triton.cdiv(n, block_n))
     _gather_rotate_kernel[grid](
-        pool, pool, src, dst, cos, sin, n, slots * row,
-        ROW=row, HEAD_DIM=head_dim, OFFSET=offset, WIDTH=width, INTERLEAVED=interleaved,
-        BLOCK_N=block_n, BLOCK_ROW=block_row,
+        pool,
+        pool,
+        src,
+        dst,
+        cos,
+        sin,
+        n,
+        slots * row,
+        ROW=row,
+        HEAD_DIM=head_dim,
+        OFFSET=offset,
+        WIDTH=width,
+        INTERLEAVED=interleaved,
+        BLOCK_N=block_n,
+        BLOCK_ROW=block_row,
     )
 
 
@@ -94,7 +130,16 @@ def rotate_copy_triton(
         cos, sin = (t.contiguous() for t in shift_cos_sin(old_pos, new_pos, spec))
     else:
         cos = sin = torch.empty(1, dtype=torch.float32, device=keys.device)
-    _launch(keys, src, dst, cos, sin, keys.shape[-1], spec.rotary_offset, width,
-            spec.layout is PairLayout.INTERLEAVED)
+    _launch(
+        keys,
+        src,
+        dst,
+        cos,
+        sin,
+        keys.shape[-1],
+        spec.rotary_offset,
+        width,
+        spec.layout is PairLayout.INTERLEAVED,
+    )
     if values is not None:
         _launch(values, src, dst, cos, sin, values.shape[-1], 0, 0, False)

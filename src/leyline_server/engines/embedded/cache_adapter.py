@@ -54,7 +54,11 @@ def _store_new(pool: SlotPool, cache: Any, slots: torch.Tensor) -> None:
 
 @torch.no_grad()
 def forward_with_slots(
-    model: Any, pool: SlotPool, context: torch.Tensor, tokens: list[int], positions: torch.Tensor,
+    model: Any,
+    pool: SlotPool,
+    context: torch.Tensor,
+    tokens: list[int],
+    positions: torch.Tensor,
     slots: torch.Tensor,
 ) -> torch.Tensor:
     """Run ``tokens`` at ``positions`` attending to ``context`` slots; store their KV in ``slots``.
@@ -83,8 +87,14 @@ def layer0_keys(model: Any, tokens: list[int], positions: torch.Tensor, latent: 
     hidden = inner.embed_tokens(ids)
     cache = DynamicCache(config=model.config)
     position_embeddings = inner.rotary_emb(hidden, pos)
-    inner.layers[0](hidden, attention_mask=None, position_ids=pos, cache=cache, use_cache=True,
-                    position_embeddings=position_embeddings)
+    inner.layers[0](
+        hidden,
+        attention_mask=None,
+        position_ids=pos,
+        cache=cache,
+        use_cache=True,
+        position_embeddings=position_embeddings,
+    )
     entry = cache.layers[0]
     if latent:
         return torch.cat([entry.keys, entry.values], dim=-1)[:, :, 0].float()  # [n, 1, D]

@@ -70,8 +70,14 @@ class _Decoding:
 class Engine:
     """One model, one slot pool, one radix cache. Not thread-safe: use from one thread."""
 
-    def __init__(self, model: Any, pool: SlotPool, spec: RopeSpec, eos_token_ids: list[int] | None = None,
-                 rotation_budget: int = 64) -> None:
+    def __init__(
+        self,
+        model: Any,
+        pool: SlotPool,
+        spec: RopeSpec,
+        eos_token_ids: list[int] | None = None,
+        rotation_budget: int = 64,
+    ) -> None:
         self.model = model
         self.pool = pool
         self.spec = spec
@@ -97,7 +103,9 @@ class Engine:
         self.in_flight.difference_update(slots.tolist())
         self.pool.free(slots)
 
-    def extend(self, context: torch.Tensor, tokens: list[int], positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def extend(
+        self, context: torch.Tensor, tokens: list[int], positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """KV for ``tokens`` at ``positions`` after ``context``: (new slots, logits per token)."""
         slots = self.alloc(len(tokens))
         try:

@@ -52,8 +52,13 @@ def layout_from_config(config: object) -> PoolLayout:
 class SlotPool:
     """KV storage for ``capacity`` tokens and the free list that hands slots out."""
 
-    def __init__(self, layout: PoolLayout, capacity: int, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        layout: PoolLayout,
+        capacity: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
         if capacity <= 0:
             raise ValueError("capacity must be positive")
         self.layout = layout
@@ -61,7 +66,14 @@ class SlotPool:
         self.dtype = dtype
         self.keys = torch.zeros(layout.layers, capacity, layout.heads, layout.row, dtype=dtype, device=device)
         self.values = (
-            torch.zeros(layout.layers, capacity, layout.value_heads, layout.value_row, dtype=dtype, device=device)
+            torch.zeros(
+                layout.layers,
+                capacity,
+                layout.value_heads,
+                layout.value_row,
+                dtype=dtype,
+                device=device,
+            )
             if layout.value_heads
             else None
         )
@@ -69,8 +81,13 @@ class SlotPool:
         self._free: list[int] = list(range(capacity - 1, -1, -1))  # pop() hands out low slots first
 
     @classmethod
-    def from_budget(cls, layout: PoolLayout, budget_mb: float, dtype: torch.dtype = torch.float32,
-                    device: torch.device | str = "cpu") -> SlotPool:
+    def from_budget(
+        cls,
+        layout: PoolLayout,
+        budget_mb: float,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> SlotPool:
         """A pool as large as ``budget_mb`` megabytes of KV allows."""
         capacity = int(budget_mb * 2**20) // layout.bytes_per_slot(dtype)
         if capacity < 1:

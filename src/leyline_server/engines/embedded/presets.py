@@ -35,8 +35,14 @@ def preset_config(name: str, layers: int = 2, **overrides: Any) -> Any:
     return tiny_config(model_type, layers=layers, rope=rope, **{**extra, **overrides})
 
 
-def load_engine(model: str, kv_budget_mb: float = 64.0, dtype: torch.dtype = torch.float32,
-                layers: int = 2, seed: int = 0, **overrides: Any) -> tuple[Engine, Any]:
+def load_engine(
+    model: str,
+    kv_budget_mb: float = 64.0,
+    dtype: torch.dtype = torch.float32,
+    layers: int = 2,
+    seed: int = 0,
+    **overrides: Any,
+) -> tuple[Engine, Any]:
     """An engine and its tokenizer for a preset name or a local checkpoint folder."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -179,7 +179,9 @@ class RadixCache:
         """Every slot owned by a node (with repetitions, if the invariant is broken)."""
         return [int(s) for node in self._nodes() for s in node.slots.tolist()]
 
-    def check_integrity(self, capacity: int, free: set[int], in_flight: set[int] | frozenset[int] = frozenset()) -> None:
+    def check_integrity(
+        self, capacity: int, free: set[int], in_flight: set[int] | frozenset[int] = frozenset()
+    ) -> None:
         """Raise ``AssertionError`` unless free + owned (+ in flight) == all slots, each once."""
         owned = self.owned_slots()
         assert len(owned) == len(set(owned)), "a slot is owned by two nodes"

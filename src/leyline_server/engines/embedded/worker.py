@@ -34,7 +34,9 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
 
-    async def stream(self, pinned: Pinned, logits: torch.Tensor, params: SamplingParams) -> AsyncIterator[GenerationStep]:
+    async def stream(
+        self, pinned: Pinned, logits: torch.Tensor, params: SamplingParams
+    ) -> AsyncIterator[GenerationStep]:
         """Decode after ``pinned``, one engine job per token."""
         steps = self.engine.decode(pinned, logits, params)
         try:
