@@ -121,6 +121,8 @@ def _forget(
     # Unpin first: the common prefix is re-matched and locked by prefill, and the old branch
     # becomes evictable, so a forget fits where the splice (which must keep it) did not.
     engine.unpin(pinned)
+    if not new:  # everything deleted: an empty session
+        return engine.match([]), SpliceReport(applied=fallback is None, fallback=fallback)
     fresh, _, reused = engine.prefill(new)
     report = SpliceReport(
         applied=fallback is None,

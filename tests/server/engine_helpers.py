@@ -34,6 +34,8 @@ def fresh(name: str, tokens: list[int], layers: int = 1) -> tuple[Engine, Pinned
 def layer0_oracle_error(eng: Engine, pinned: Pinned) -> float:
     """Max relative error between the cached layer-0 rows and the model's own layer-0 keys."""
     n = len(pinned.slots)
+    if n == 0:  # an empty session (everything deleted) has nothing to compare
+        return 0.0
     expected = layer0_keys(eng.model, pinned.tokens[:n], torch.arange(n), eng.pool.layout.mla_latent)
     actual = eng.pool.keys[0].index_select(0, pinned.slots).float()
     return (actual - expected).abs().max().item() / max(expected.abs().max().item(), 1e-6)

@@ -81,6 +81,8 @@ def layer0_keys(model: Any, tokens: list[int], positions: torch.Tensor, latent: 
     """
     from transformers import DynamicCache
 
+    if not tokens:
+        raise ValueError("layer0_keys needs at least one token")
     inner = model.model
     ids = torch.tensor(tokens, dtype=torch.long)[:, None]
     pos = positions.to(torch.long)[:, None]
