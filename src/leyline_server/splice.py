@@ -15,6 +15,9 @@ Index layout of an amortize splice (old = the session's base, new = ``apply(base
   is prefilled; a layer-0 canary then checks a few rotated keys against the model's own;
 * finally ``prefix + R + runs + tail`` is inserted into the radix tree and pinned.
 
+The planner talks to the engine only through :class:`SpliceBackend` (the embedded ``Engine``
+implements it; an SGLang engine is to implement the same methods over its own pool and tree).
+
 Validation failures carry DESIGN's stable codes. By default they fall back to ``forget`` (radix
 match + prefill of the new sequence, which equals a fresh prefill) and the report says why;
 ``strict=True`` raises :class:`SpliceError` instead.
@@ -25,17 +28,53 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from enum import Enum
+from typing import Protocol
 
 import torch
 from pydantic import BaseModel
 
 from leyline_sdk.directives import Directive, Mode, apply, check, digest, kept_runs
 from leyline_sdk.errors import DirectiveError
-from leyline_server.engines.embedded.cache_adapter import layer0_keys
-from leyline_server.engines.embedded.engine import CapacityError, Engine, Pinned
+from leyline_server.engines.embedded.engine import CapacityError, Pinned
 from leyline_server.kernels import rotate_copy
+from leyline_server.rope import RopeSpec
 
-__all__ = ["FallbackCode", "Fallback", "SpliceReport", "SpliceError", "splice"]
+__all__ = ["FallbackCode", "Fallback", "SpliceReport", "SpliceError", "SpliceBackend", "KVStore", "splice"]
+
+
+class KVStore(Protocol):
+    """The slot pool as the planner sees it: ``[L, S, H, D]`` keys, optional values, rotation counts."""
+
+    keys: torch.Tensor
+    values: torch.Tensor | None
+    rotations: torch.Tensor
+    dtype: torch.dtype
+
+
+class SpliceBackend(Protocol):
+    """What the planner needs from an engine (the embedded ``Engine`` implements it).
+
+    Slots handed out by ``alloc``/``extend`` are the caller's until ``commit`` (which inserts
+    them into the prefix cache, pins the result and unpins ``previous``) or ``release``.
+    ``alloc``/``extend`` raise ``CapacityError`` when the pool is full.
+    """
+
+    spec: RopeSpec
+    pool: KVStore
+    rotation_budget: int
+    vocab_size: int
+
+    def alloc(self, n: int) -> torch.Tensor: ...
+    def release(self, slots: torch.Tensor) -> None: ...
+    def extend(
+        self, context: torch.Tensor, tokens: list[int], positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def match(self, tokens: list[int]) -> Pinned: ...
+    def commit(self, tokens: list[int], slots: torch.Tensor, previous: Pinned | None = None) -> Pinned: ...
+    def unpin(self, pinned: Pinned) -> None: ...
+    def prefill(self, tokens: list[int], previous: Pinned | None = None) -> tuple[Pinned, torch.Tensor, int]: ...
+    def layer0_keys(self, tokens: list[int], positions: torch.Tensor) -> torch.Tensor: ...
+
 
 CANARY_TOKENS = 4
 CANARY_TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 3e-2}
@@ -87,7 +126,7 @@ class _Refused(Exception):
 
 
 def _validate(
-    engine: Engine,
+    engine: SpliceBackend,
     base: list[int],
     directives: Sequence[Directive],
     base_length: int | None,
@@ -116,7 +155,7 @@ def _validate(
 
 
 def _forget(
-    engine: Engine, pinned: Pinned, new: list[int], started: float, fallback: Fallback | None
+    engine: SpliceBackend, pinned: Pinned, new: list[int], started: float, fallback: Fallback | None
 ) -> tuple[Pinned, SpliceReport]:
     # Unpin first: the common prefix is re-matched and locked by prefill, and the old branch
     # becomes evictable, so a forget fits where the splice (which must keep it) did not.
@@ -134,16 +173,11 @@ def _forget(
     return fresh, report
 
 
-def _canary(engine: Engine, tokens: list[int], slots: torch.Tensor, positions: torch.Tensor) -> None:
+def _canary(engine: SpliceBackend, tokens: list[int], slots: torch.Tensor, positions: torch.Tensor) -> None:
     if slots.numel() == 0:
         return
     pick = torch.linspace(0, slots.numel() - 1, min(CANARY_TOKENS, slots.numel())).round().long().unique()
-    expected = layer0_keys(
-        engine.model,
-        [tokens[i] for i in pick.tolist()],
-        positions[pick],
-        engine.pool.layout.mla_latent,
-    )
+    expected = engine.layer0_keys([tokens[i] for i in pick.tolist()], positions[pick])
     actual = engine.pool.keys[0].index_select(0, slots[pick]).float()
     err = (actual - expected).abs().max().item() / max(expected.abs().max().item(), 1e-6)
     if err > CANARY_TOLERANCE.get(engine.pool.dtype, 1e-2):
@@ -151,7 +185,7 @@ def _canary(engine: Engine, tokens: list[int], slots: torch.Tensor, positions: t
 
 
 def _amortize(
-    engine: Engine, pinned: Pinned, directives: Sequence[Directive], new: list[int], started: float
+    engine: SpliceBackend, pinned: Pinned, directives: Sequence[Directive], new: list[int], started: float
 ) -> tuple[Pinned, SpliceReport]:
     base = pinned.tokens
     cached = len(pinned.slots)
@@ -236,7 +270,7 @@ def _amortize(
 
 
 def splice(
-    engine: Engine,
+    engine: SpliceBackend,
     pinned: Pinned,
     directives: Sequence[Directive],
     *,

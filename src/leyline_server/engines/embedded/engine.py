@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, Field
 
-from leyline_server.engines.embedded.cache_adapter import forward_with_slots
+from leyline_server.engines.embedded.cache_adapter import forward_with_slots, layer0_keys
 from leyline_server.engines.embedded.pool import SlotPool
 from leyline_server.engines.embedded.radix import Node, RadixCache
 from leyline_server.rope import RopeSpec
@@ -137,6 +137,10 @@ class Engine:
     def unpin(self, pinned: Pinned) -> None:
         """Release a ``Pinned`` (its path becomes evictable)."""
         self.radix.unlock(pinned.node)
+
+    def layer0_keys(self, tokens: list[int], positions: torch.Tensor) -> torch.Tensor:
+        """The model's own layer-0 cache rows for ``tokens`` at ``positions`` (the splice canary)."""
+        return layer0_keys(self.model, tokens, positions, self.pool.layout.mla_latent)
 
     def check_integrity(self) -> None:
         """Every slot free, owned by one node, or in flight — exactly once (tests call this)."""
