@@ -194,16 +194,13 @@ def _amortize(
         if d.start < limit < d.end:
             limit = d.start
     spliced = [d for d in directives if d.start < limit]
-    runs = [r for r in kept_runs(limit, spliced)]
+    runs = kept_runs(limit, spliced)
     new_limit = limit + sum(d.delta for d in spliced)
 
     if not engine.spec.shiftable and any(r.shift for r in runs):
         raise _Refused(FallbackCode.ROPE_UNSUPPORTED, engine.spec.reason or "RoPE not shiftable")
-    prefix = (
-        runs[0]
-        if runs and runs[0].old_start == 0 and runs[0].shift == 0 and (not spliced or spliced[0].start > 0)
-        else None
-    )
+    # the leading run keeps its slots when nothing before it moved it (it is the shared radix path)
+    prefix = runs[0] if runs and runs[0].old_start == 0 and runs[0].shift == 0 else None
     moved = [r for r in runs if r is not prefix]
     src = (
         torch.cat([pinned.slots[r.old_start : r.old_end] for r in moved])

@@ -12,7 +12,7 @@ primitives are the ones the splice planner needs:
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -55,16 +55,6 @@ class GenerationStep:
 
     token: int
     finish_reason: str | None = None
-
-
-@dataclass
-class _Decoding:
-    context: torch.Tensor
-    tokens: list[int]
-    logits: torch.Tensor
-    params: SamplingParams
-    generator: torch.Generator | None
-    fresh: list[torch.Tensor] = field(default_factory=list)
 
 
 class Engine:
