@@ -27,15 +27,7 @@ SHAPES = {
 
 
 def spec_for(offset: int, width: int, layout: PairLayout) -> RopeSpec:
-    inv = tuple(1.0 / 10000 ** (2 * i / width) for i in range(width // 2))
-    return RopeSpec(
-        model_type="bench",
-        shiftable=True,
-        rotary_offset=offset,
-        rotary_dim=width,
-        layout=layout,
-        inv_freq=inv,
-    )
+    return RopeSpec.plain(offset, width, layout)
 
 
 def timed(fn, device: torch.device, repeat: int) -> float:

@@ -57,6 +57,23 @@ class RopeSpec(BaseModel):
         """The fp32 inverse frequencies, ``rotary_dim // 2`` of them."""
         return torch.tensor(self.inv_freq, dtype=torch.float32, device=device)
 
+    @classmethod
+    def plain(cls, rotary_offset: int, rotary_dim: int, layout: PairLayout, base: float = 10000.0) -> RopeSpec:
+        """A shiftable spec with unscaled frequencies (fp32, as transformers' ``default`` RoPE).
+
+        For kernels, benchmarks and tests that need a rotation without a model.
+        """
+        inv = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
+        return cls(
+            model_type="plain",
+            shiftable=True,
+            rotary_offset=rotary_offset,
+            rotary_dim=rotary_dim,
+            layout=layout,
+            inv_freq=tuple(inv.tolist()),
+            rope_type="default",
+        )
+
     def with_layout(self, layout: PairLayout) -> RopeSpec:
         """A copy with another pair layout (tests use it to prove a wrong layout is caught)."""
         return self.model_copy(update={"layout": layout})

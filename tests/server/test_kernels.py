@@ -12,15 +12,7 @@ from leyline_server.rope import PairLayout, RopeSpec
 
 
 def make_spec(layout: PairLayout, offset: int = 8, width: int = 16) -> RopeSpec:
-    inv = tuple(float(torch.tensor(1.0 / 10000 ** (2 * i / width), dtype=torch.float32)) for i in range(width // 2))
-    return RopeSpec(
-        model_type="test",
-        shiftable=True,
-        rotary_offset=offset,
-        rotary_dim=width,
-        layout=layout,
-        inv_freq=inv,
-    )
+    return RopeSpec.plain(offset, width, layout)
 
 
 def reference_rotation(row: torch.Tensor, angle: torch.Tensor, spec: RopeSpec) -> torch.Tensor:
