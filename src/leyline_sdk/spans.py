@@ -24,7 +24,7 @@ from difflib import SequenceMatcher
 from leyline_sdk.directives import Directive, Mode, apply
 from leyline_sdk.rendering import RenderedConversation
 
-__all__ = ["diff_to_directives", "diff_tokens", "forget_from_first_difference"]
+__all__ = ["diff_to_directives", "diff_tokens", "diff_token_sequences", "forget_from_first_difference"]
 
 
 def _cell_starts(conv: RenderedConversation) -> list[int]:
@@ -122,4 +122,35 @@ def diff_to_directives(
             directives.append(d)
     if apply(old.tokens, directives) != new.tokens:
         return forget_from_first_difference(old.tokens, new.tokens)
+    return directives
+
+
+def diff_token_sequences(
+    old: Sequence[int], new: Sequence[int], mode: Mode = Mode.AMORTIZE, min_gap: int = 8
+) -> list[Directive]:
+    """Directives with ``apply(old, D) == new`` from the token sequences alone (no message spans).
+
+    Used where only tokens are known (the server's auto-splice for clients that send no
+    directives). After the common prefix, ``difflib`` aligns the rest; edits separated by fewer
+    than ``min_gap`` equal tokens are merged so that a re-tokenized boundary does not become a
+    swarm of tiny splices.
+    """
+    c = _common_prefix(old, 0, len(old), new, 0, len(new))
+    if c == len(old) == len(new):
+        return []
+    matcher = SequenceMatcher(None, old[c:], new[c:], autojunk=len(old) - c > 2000)
+    blocks: list[list[int]] = []  # [old_start, old_end, new_start, new_end]
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        if blocks and i1 + c - blocks[-1][1] < min_gap and j1 + c - blocks[-1][3] < min_gap:
+            blocks[-1][1], blocks[-1][3] = i2 + c, j2 + c
+        else:
+            blocks.append([i1 + c, i2 + c, j1 + c, j2 + c])
+    directives = [
+        Directive.model_construct(start=a0, end=a1, replacement=tuple(new[b0:b1]), mode=mode)
+        for a0, a1, b0, b1 in blocks
+    ]
+    if apply(old, directives) != list(new):  # cannot happen with difflib's opcodes; never trust it
+        return forget_from_first_difference(old, new)
     return directives

@@ -102,6 +102,11 @@ class SessionStore:
         self._on_release(session.pinned)
         return True
 
+    def all(self) -> list[Session]:
+        """Every live session (a snapshot; expired ones are dropped first)."""
+        self._expire()
+        return list(self._sessions.values())
+
     def count(self, owner: str | None) -> int:
         """Live sessions of ``owner``."""
         self._expire()

@@ -81,3 +81,33 @@ def test_unexplained_difference_becomes_forget():
     new = _conv([1, 2, 3, 4, 5], [0, 1, 5])
     ds = diff_to_directives(old, new)
     assert apply(old.tokens, ds) == new.tokens
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(0, 20), max_size=80),
+    st.lists(st.tuples(st.integers(0, 80), st.integers(0, 10), st.lists(st.integers(0, 20), max_size=6)), max_size=4),
+    st.lists(st.integers(0, 20), max_size=10),
+)
+def test_token_sequence_diff_reproduces_new_tokens(old, edits, extension):
+    from leyline_sdk.spans import diff_token_sequences
+
+    new = list(old)
+    for at, length, replacement in edits:
+        at = min(at, len(new))
+        new[at : at + length] = replacement
+    new += extension
+    directives = diff_token_sequences(old, new)
+    assert apply(old, directives) == new
+    assert all(d.mode is Mode.AMORTIZE for d in directives)
+    starts = [d.start for d in directives]
+    assert starts == sorted(starts)
+
+
+def test_token_sequence_diff_localises_a_middle_edit():
+    from leyline_sdk.spans import diff_token_sequences
+
+    old = list(range(100))
+    new = old[:40] + [500, 501] + old[60:] + [900, 901]
+    ds = diff_token_sequences(old, new)
+    assert [(d.start, d.end, list(d.replacement)) for d in ds] == [(40, 60, [500, 501]), (100, 100, [900, 901])]

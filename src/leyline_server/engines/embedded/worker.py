@@ -34,6 +34,10 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
 
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Queue ``fn(*args)`` on the engine thread without waiting (e.g. releasing a pin)."""
+        self._executor.submit(fn, *args)
+
     async def stream(
         self, pinned: Pinned, logits: torch.Tensor, params: SamplingParams
     ) -> AsyncIterator[GenerationStep]:

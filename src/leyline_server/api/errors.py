@@ -1,0 +1,72 @@
+"""API errors in OpenAI's shape: ``{"error": {"type", "code", "message", "param"}}``.
+
+Status codes: 400 malformed request, 401 authentication, 404 unknown session, 409 base mismatch
+(strict), 413 body too large, 422 directive not applicable (strict), 429 too many sessions,
+503 no KV capacity.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+__all__ = ["APIError", "install_error_handlers", "error_body"]
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    422: "unprocessable_entity_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable_error",
+}
+
+
+class APIError(Exception):
+    """An error answered to the client with ``status`` and OpenAI's error body."""
+
+    def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.param = status, code, message, param
+
+
+def error_body(status: int, code: str, message: str, param: str | None = None) -> dict[str, Any]:
+    """The JSON body of an error response."""
+    return {
+        "error": {"type": _TYPES.get(status, "invalid_request_error"), "code": code, "message": message, "param": param}
+    }
+
+
+def _validation_param(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    param = ".".join(loc) or None
+    return f"{param + ': ' if param else ''}{first.get('msg', 'invalid value')}", param
+
+
+def install_error_handlers(app: Any) -> None:
+    """Map APIError, validation errors and HTTP errors to OpenAI-shaped JSON."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return JSONResponse(error_body(exc.status, exc.code, exc.message, exc.param), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_param(exc)
+        return JSONResponse(error_body(400, "invalid_request", message, param), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(error_body(exc.status_code, "http_error", str(exc.detail)), status_code=exc.status_code)

@@ -1,0 +1,74 @@
+"""The ``leyline-server`` console script: starts, serves, shuts down gracefully on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+
+from tests.e2e.server_helpers import free_port
+
+
+def test_cli_serves_and_stops_cleanly():
+    port = free_port()
+    env = {**os.environ, "LEYLINE_API_KEYS": "sk-env"}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "leyline_server.cli",
+            "--model",
+            "tiny-gqa",
+            "--port",
+            str(port),
+            "--kv-budget-mb",
+            "8",
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.time() < deadline, proc.stdout.read() if proc.stdout else ""
+            time.sleep(0.2)
+        headers = {"Authorization": "Bearer sk-env"}
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 401
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            headers=headers,
+            timeout=60,
+            json={"model": "tiny-gqa", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+        )
+        assert r.status_code == 200 and r.json()["object"] == "chat.completion"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    assert code == 0
+
+
+def test_cli_refuses_unavailable_engine_and_unknown_model():
+    out = subprocess.run(
+        [sys.executable, "-m", "leyline_server.cli", "--engine", "sglang"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2 and "SGLang engine is not part of this release" in out.stderr
+    out = subprocess.run(
+        [sys.executable, "-m", "leyline_server.cli", "--model", "/no/such/model"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and "neither a preset" in out.stderr
