@@ -1,0 +1,153 @@
+"""Policy contracts: an immutable ``Conversation``, plain ``Edit``s, the ``Policy`` protocol.
+
+A policy looks at the conversation and proposes edits; it knows nothing of tokens or KV::
+
+    class Policy(Protocol):
+        name: str
+        def propose(self, conversation: Conversation) -> list[Edit]: ...
+
+Edits keep the conversation well-formed: an edit replaces a message's *content* (a stub), never
+removes a message, so every tool result still answers its tool call. Plain functions
+``(Conversation) -> list[Edit]`` are policies too (:func:`as_policy`), and policies compose with
+``|`` into a :class:`~leyline_policies.chain.Chain`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+__all__ = ["Conversation", "Edit", "Policy", "PolicyBase", "FunctionPolicy", "as_policy", "apply_edits", "content_text"]
+
+Mode = Literal["amortize", "forget"]
+
+
+def content_text(message: Mapping[str, Any]) -> str:
+    """A message's content as text (content parts joined; ``None`` as empty)."""
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """An immutable snapshot of OpenAI-format messages (and tools) that policies read."""
+
+    messages: tuple[Mapping[str, Any], ...]
+    tools: tuple[Mapping[str, Any], ...] = ()
+
+    @classmethod
+    def of(
+        cls, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> Conversation:
+        """Snapshot ``messages`` (copied, so later changes by the agent do not leak in)."""
+        return cls(tuple(dict(m) for m in messages), tuple(dict(t) for t in tools or ()))
+
+    def tool_call(self, index: int) -> dict[str, Any] | None:
+        """The assistant tool call that tool message ``index`` answers, if found."""
+        message = self.messages[index]
+        call_id = message.get("tool_call_id")
+        for i in range(index - 1, -1, -1):
+            for call in self.messages[i].get("tool_calls") or ():
+                if call.get("id") == call_id:
+                    return dict(call)
+        return None
+
+    def tool_name_and_args(self, index: int) -> tuple[str, dict[str, Any]]:
+        """(tool name, parsed arguments) of the call tool message ``index`` answers."""
+        call = self.tool_call(index)
+        if call is None:
+            return str(self.messages[index].get("name", "tool")), {}
+        fn = call.get("function") or {}
+        args = fn.get("arguments") or {}
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError:
+                args = {"arguments": args}
+        return str(fn.get("name", "tool")), args if isinstance(args, dict) else {"arguments": args}
+
+    def assistant_turns_after(self, index: int) -> int:
+        """Assistant messages strictly after ``index``."""
+        return sum(1 for m in self.messages[index + 1 :] if m.get("role") == "assistant")
+
+    def calling_turn(self, index: int) -> int:
+        """Index of the assistant message whose call tool message ``index`` answers (else ``index``)."""
+        call_id = self.messages[index].get("tool_call_id")
+        for i in range(index - 1, -1, -1):
+            if any(c.get("id") == call_id for c in self.messages[i].get("tool_calls") or ()):
+                return i
+        return index
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Replace message ``index``'s content by ``replacement``, realised per ``mode``."""
+
+    index: int
+    replacement: str
+    mode: Mode = "amortize"
+    reason: str = ""
+    policy: str = ""
+    removed_chars: int = field(default=0, compare=False)
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Anything with a ``name`` and ``propose(conversation) -> list[Edit]``."""
+
+    name: str
+
+    def propose(self, conversation: Conversation) -> list[Edit]:
+        """The edits this policy wants now."""
+        ...
+
+
+class PolicyBase:
+    """Convenience base: ``|`` chains policies."""
+
+    name: str = "policy"
+
+    def propose(self, conversation: Conversation) -> list[Edit]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __or__(self, other: Policy | Callable[[Conversation], list[Edit]]) -> Policy:
+        from leyline_policies.chain import Chain
+
+        return Chain(self, other)
+
+
+class FunctionPolicy(PolicyBase):
+    """A plain function used as a policy."""
+
+    def __init__(self, fn: Callable[[Conversation], list[Edit]], name: str | None = None) -> None:
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", "function")
+
+    def propose(self, conversation: Conversation) -> list[Edit]:
+        """Call the function."""
+        return list(self.fn(conversation))
+
+
+def as_policy(obj: Policy | Callable[[Conversation], list[Edit]]) -> Policy:
+    """A policy object from a policy or a plain function."""
+    if isinstance(obj, Policy):
+        return obj
+    if callable(obj):
+        return FunctionPolicy(obj)
+    raise TypeError(f"not a policy: {obj!r}")
+
+
+def apply_edits(messages: Sequence[Mapping[str, Any]], edits: Sequence[Edit]) -> list[dict[str, Any]]:
+    """The messages with every edit applied (later edits to the same message win)."""
+    out = [dict(m) for m in messages]
+    for edit in edits:
+        if not 0 <= edit.index < len(out):
+            raise IndexError(f"edit names message {edit.index}; the conversation has {len(out)}")
+        out[edit.index]["content"] = edit.replacement
+    return out

@@ -1,0 +1,50 @@
+"""Redact: replace matches of patterns in any message, as ``forget`` (true forgetting)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from leyline_policies.base import Conversation, Edit, PolicyBase, content_text
+
+__all__ = ["Redact"]
+
+
+class Redact(PolicyBase):
+    """Replace every match of ``patterns`` by ``placeholder`` with mode ``forget``.
+
+    Redaction must remove the secret's influence from the cache, so the server recomputes
+    everything from the first redacted message::
+
+        Redact([r"sk-[A-Za-z0-9]{8,}", r"password=\\S+"])
+    """
+
+    name = "redact"
+
+    def __init__(
+        self,
+        patterns: Iterable[str | re.Pattern[str]],
+        placeholder: str = "[redacted]",
+        roles: Iterable[str] = ("system", "user", "assistant", "tool"),
+    ) -> None:
+        self.patterns = [re.compile(p) if isinstance(p, str) else p for p in patterns]
+        if not self.patterns:
+            raise ValueError("give at least one pattern")
+        self.placeholder = placeholder
+        self.roles = frozenset(roles)
+
+    def propose(self, conversation: Conversation) -> list[Edit]:
+        """A forget edit for every message that contains a match."""
+        edits = []
+        for i, m in enumerate(conversation.messages):
+            if m.get("role") not in self.roles or not isinstance(m.get("content"), str):
+                continue
+            text = content_text(m)
+            redacted = text
+            for pattern in self.patterns:
+                redacted = pattern.sub(self.placeholder, redacted)
+            if redacted != text:
+                edits.append(
+                    Edit(i, redacted, "forget", "matched a redaction pattern", self.name, len(text) - len(redacted))
+                )
+        return edits
