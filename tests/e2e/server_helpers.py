@@ -29,10 +29,11 @@ def make_service(model: str = "tiny-mla", layers: int = 2, kv_budget_mb: float =
 
 
 @contextlib.contextmanager
-def running_server(service: LeylineService) -> Iterator[str]:
-    """Serve ``service`` on 127.0.0.1; yield the base URL; stop the server afterwards."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=port, log_level="warning"))
+def running_server(service: LeylineService | Any, port: int | None = None) -> Iterator[str]:
+    """Serve ``service`` (or any ASGI app) on 127.0.0.1; yield the base URL; stop afterwards."""
+    port = port or free_port()
+    app = create_app(service) if isinstance(service, LeylineService) else service
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.time() + 30
