@@ -121,3 +121,15 @@ def test_full_pool_raises_capacity_not_a_crash():
         eng.prefill(list(range(10, 10 + eng.pool.capacity + 5)))
     eng.check_integrity()
     eng.prefill([10, 11, 12])  # still serving
+
+
+def test_tiny_temperatures_do_not_overflow():
+    eng = engine("tiny-gqa", layers=1)
+    pinned, logits, _ = eng.prefill([10, 11, 12])
+    for temperature in (1e-300, 1e-5, 2.0):
+        p, lg, _ = eng.prefill([10, 11, 12])
+        steps = list(eng.decode(p, lg, SamplingParams(max_tokens=2, temperature=temperature, seed=1)))
+        assert len(steps) == 2
+    assert next(eng.decode(pinned, logits, SamplingParams(max_tokens=1, temperature=1e-300))).token == int(
+        torch.argmax(logits)
+    )

@@ -158,9 +158,9 @@ class Engine:
         return pinned, logits[-1], reused
 
     def _sample(self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-        if params.temperature == 0.0:
+        if params.temperature < 1e-4:  # (near-)zero temperature is greedy; dividing would overflow
             return int(torch.argmax(logits))
-        probs = torch.softmax(logits / params.temperature, dim=-1)
+        probs = torch.softmax(logits.double() / params.temperature, dim=-1)
         if params.top_p < 1.0:
             sorted_probs, order = torch.sort(probs, descending=True)
             keep = torch.cumsum(sorted_probs, 0) - sorted_probs < params.top_p

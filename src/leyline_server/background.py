@@ -1,0 +1,60 @@
+"""Run a Leyline server (or any ASGI app) on a loopback port in a background thread.
+
+For examples, the demo and tests: the real uvicorn server, the real HTTP protocol, in-process::
+
+    with serve_in_thread(build_service("tiny-mla")) as base_url:
+        client = AsyncLeyline(base_url=base_url + "/v1")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["free_port", "make_service", "serve_in_thread"]
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def make_service(model: str = "tiny-mla", layers: int = 2, kv_budget_mb: float = 8.0, **config: Any) -> Any:
+    """A :class:`LeylineService` on the embedded engine (presets need no download)."""
+    from leyline_server.api.service import LeylineService, ServerConfig
+    from leyline_server.engines.embedded.presets import load_engine
+
+    engine, tokenizer = load_engine(model, kv_budget_mb=kv_budget_mb, layers=layers)
+    settings = {"model_name": model, "max_context_tokens": 4096, "default_max_tokens": 16, **config}
+    return LeylineService(engine, tokenizer, ServerConfig(**settings))
+
+
+@contextlib.contextmanager
+def serve_in_thread(service_or_app: Any, port: int | None = None, host: str = "127.0.0.1") -> Iterator[str]:
+    """Serve a ``LeylineService`` (or an ASGI app) until the block ends; yields the base URL."""
+    import uvicorn
+
+    from leyline_server.api.app import create_app
+    from leyline_server.api.service import LeylineService
+
+    port = port or free_port()
+    app = create_app(service_or_app) if isinstance(service_or_app, LeylineService) else service_or_app
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True, name="leyline-server")
+    thread.start()
+    deadline = time.time() + 60
+    while not server.started:
+        if time.time() > deadline or not thread.is_alive():
+            raise RuntimeError("the server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
