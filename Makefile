@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) examples/walkthrough.py
+	$(PY) examples/demo.py
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check src policies tests benchmarks examples
