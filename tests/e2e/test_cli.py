@@ -72,3 +72,71 @@ def test_cli_refuses_unavailable_engine_and_unknown_model():
         timeout=120,
     )
     assert out.returncode == 2 and "neither a preset" in out.stderr
+
+
+def test_sigterm_during_a_stream_ends_it_and_exits_cleanly():
+    import threading
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "leyline_server.cli",
+            "--model",
+            "tiny-mla",
+            "--port",
+            str(port),
+            "--kv-budget-mb",
+            "64",
+            "--preset-layers",
+            "4",
+            "--graceful-timeout",
+            "1",
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    received = []
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.time() < deadline
+            time.sleep(0.2)
+
+        def stream():
+            body = {
+                "model": "tiny-mla",
+                "messages": [{"role": "user", "content": "go"}],
+                "max_tokens": 4000,
+                "temperature": 1.0,
+                "seed": 1,
+                "stream": True,
+            }
+            try:
+                with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=120) as r:
+                    for line in r.iter_lines():
+                        received.append(line)
+            except httpx.HTTPError as exc:  # the server may cut the stream at its deadline
+                received.append(f"closed: {exc!r}")
+
+        reader = threading.Thread(target=stream)
+        reader.start()
+        while len(received) < 5:
+            time.sleep(0.05)
+    finally:
+        started = time.time()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    reader.join(timeout=60)
+    assert code == 0 and not reader.is_alive()
+    assert time.time() - started < 30  # the in-flight stream did not hold the shutdown
+    assert len(received) >= 5
