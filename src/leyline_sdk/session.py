@@ -32,7 +32,7 @@ from pydantic import BaseModel
 from leyline_sdk.directives import Directive, Mode, apply, digest
 from leyline_sdk.errors import SpliceFallbackError
 from leyline_sdk.rendering import RenderedConversation
-from leyline_sdk.spans import diff_to_directives
+from leyline_sdk.spans import common_prefix_length, diff_to_directives
 
 if TYPE_CHECKING:
     from leyline_sdk.client import AsyncLeyline
@@ -54,15 +54,6 @@ class TurnStats(BaseModel):
     cleared: int = 0
     removed_chars: int = 0
     elapsed_ms: float = 0.0
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class LeylineSession:
@@ -123,7 +114,7 @@ class LeylineSession:
         mid = await self.client.render(effective[:k], tools, generation=True)
         directives = diff_to_directives(old, mid, modes=dict(modes))
         spliced = apply(base, directives)
-        c = _common_prefix(spliced, prompt.tokens)
+        c = common_prefix_length(spliced, prompt.tokens)
         if c < len(mid.tokens):  # the edited history itself does not reproduce: unexplained
             self._fallback("prompt_mismatch", "the re-rendered history does not extend the edited base")
             return None

@@ -24,7 +24,13 @@ from difflib import SequenceMatcher
 from leyline_sdk.directives import Directive, Mode, apply
 from leyline_sdk.rendering import RenderedConversation
 
-__all__ = ["diff_to_directives", "diff_tokens", "diff_token_sequences", "forget_from_first_difference"]
+__all__ = [
+    "diff_to_directives",
+    "diff_tokens",
+    "diff_token_sequences",
+    "forget_from_first_difference",
+    "common_prefix_length",
+]
 
 
 def _cell_starts(conv: RenderedConversation) -> list[int]:
@@ -45,6 +51,11 @@ def _common_prefix(a: Sequence[int], a0: int, a1: int, b: Sequence[int], b0: int
     while n < limit and a[a0 + n] == b[b0 + n]:
         n += 1
     return n
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    return _common_prefix(a, 0, len(a), b, 0, len(b))
 
 
 def _common_suffix(a: Sequence[int], a0: int, a1: int, b: Sequence[int], b0: int, b1: int) -> int:

@@ -13,6 +13,19 @@ import httpx
 from tests.e2e.server_helpers import free_port
 
 
+def wait_healthy(proc: subprocess.Popen, port: int, timeout: float = 120) -> None:
+    """Poll /health until the server answers (fail if the process died or time ran out)."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert proc.poll() is None and time.time() < deadline, proc.stdout.read() if proc.stdout else ""
+        time.sleep(0.2)
+
+
 def test_cli_serves_and_stops_cleanly():
     port = free_port()
     env = {**os.environ, "LEYLINE_API_KEYS": "sk-env"}
@@ -36,15 +49,7 @@ def test_cli_serves_and_stops_cleanly():
         text=True,
     )
     try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.time() < deadline, proc.stdout.read() if proc.stdout else ""
-            time.sleep(0.2)
+        wait_healthy(proc, port)
         headers = {"Authorization": "Bearer sk-env"}
         assert httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 401
         r = httpx.post(
@@ -102,15 +107,7 @@ def test_sigterm_during_a_stream_ends_it_and_exits_cleanly():
     )
     received = []
     try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.time() < deadline
-            time.sleep(0.2)
+        wait_healthy(proc, port)
 
         def stream():
             body = {

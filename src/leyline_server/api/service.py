@@ -18,7 +18,7 @@ import torch
 from leyline_sdk.directives import Directive, digest
 from leyline_sdk.errors import RenderError
 from leyline_sdk.rendering import HFChatTokenizer, RenderedConversation
-from leyline_sdk.spans import diff_token_sequences
+from leyline_sdk.spans import common_prefix_length, diff_token_sequences
 from leyline_server.api.errors import APIError
 from leyline_server.api.metrics import Metrics
 from leyline_server.api.schemas import BaseRef, ChatCompletionRequest, Message
@@ -143,11 +143,7 @@ class LeylineService:
         for session in self.sessions.all():
             if session.owner != owner:
                 continue
-            n = 0
-            for a, b in zip(session.tokens, prompt, strict=False):
-                if a != b:
-                    break
-                n += 1
+            n = common_prefix_length(session.tokens, prompt)
             if n > best_len:
                 best, best_len = session, n
         return self.sessions.get(best.id, owner) if best else None
