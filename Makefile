@@ -19,6 +19,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check src policies tests benchmarks examples
 	$(VENV)/bin/ruff format --check src policies tests benchmarks examples
+	$(VENV)/bin/mypy src policies
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

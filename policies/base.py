@@ -127,7 +127,7 @@ class FunctionPolicy(PolicyBase):
 
     def __init__(self, fn: Callable[[Conversation], list[Edit]], name: str | None = None) -> None:
         self.fn = fn
-        self.name = name or getattr(fn, "__name__", "function")
+        self.name = str(name or getattr(fn, "__name__", "function"))
 
     def propose(self, conversation: Conversation) -> list[Edit]:
         """Call the function."""

@@ -19,6 +19,7 @@ class Chain(PolicyBase):
     """
 
     name = "chain"
+    policies: tuple[Policy, ...]
 
     def __init__(self, *policies: Policy | Callable[[Conversation], list[Edit]]) -> None:
         flat: list[Policy] = []

@@ -111,7 +111,7 @@ class HFChatTokenizer:
         # empty conversation, which we need to find the template's preamble.
         from transformers.utils.chat_template_utils import render_jinja_template
 
-        self._render_jinja = render_jinja_template
+        self._render_jinja: Any = render_jinja_template
 
     def render_text(
         self,
@@ -122,7 +122,7 @@ class HFChatTokenizer:
         """The chat template's text for ``messages`` (no tokenization; zero messages allowed)."""
         try:
             template = self.tokenizer.get_chat_template(None, list(tools) if tools else None)
-            rendered, _ = self._render_jinja(
+            rendered, _ = self._render_jinja(  # type: ignore[misc]  # transformers' untyped helper
                 conversations=[list(messages)],
                 tools=list(tools) if tools else None,
                 chat_template=template,

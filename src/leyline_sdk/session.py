@@ -121,7 +121,7 @@ class LeylineSession:
         if c < len(spliced):  # generated tokens differ from the re-rendered assistant message
             shift = sum(d.delta for d in directives)
             directives.append(
-                Directive(start=c - shift, end=len(base), replacement=prompt.tokens[c:], mode=Mode.FORGET)
+                Directive(start=c - shift, end=len(base), replacement=tuple(prompt.tokens[c:]), mode=Mode.FORGET)
             )
         result = apply(base, directives)
         if prompt.tokens[: len(result)] != result:  # never send what does not check out

@@ -90,7 +90,7 @@ def forget_from_first_difference(old: Sequence[int], new: Sequence[int]) -> list
     p = _common_prefix(old, 0, len(old), new, 0, len(new))
     if p == len(old) == len(new):
         return []
-    return [Directive(start=p, end=len(old), replacement=list(new[p:]), mode=Mode.FORGET)]
+    return [Directive(start=p, end=len(old), replacement=tuple(new[p:]), mode=Mode.FORGET)]
 
 
 def diff_to_directives(

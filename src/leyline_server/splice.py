@@ -45,10 +45,14 @@ __all__ = ["FallbackCode", "Fallback", "SpliceReport", "SpliceError", "SpliceBac
 class KVStore(Protocol):
     """The slot pool as the planner sees it: ``[L, S, H, D]`` keys, optional values, rotation counts."""
 
-    keys: torch.Tensor
-    values: torch.Tensor | None
-    rotations: torch.Tensor
-    dtype: torch.dtype
+    @property
+    def keys(self) -> torch.Tensor: ...
+    @property
+    def values(self) -> torch.Tensor | None: ...
+    @property
+    def rotations(self) -> torch.Tensor: ...
+    @property
+    def dtype(self) -> torch.dtype: ...
 
 
 class SpliceBackend(Protocol):
@@ -60,9 +64,11 @@ class SpliceBackend(Protocol):
     """
 
     spec: RopeSpec
-    pool: KVStore
     rotation_budget: int
     vocab_size: int
+
+    @property
+    def pool(self) -> KVStore: ...
 
     def alloc(self, n: int) -> torch.Tensor: ...
     def release(self, slots: torch.Tensor) -> None: ...

@@ -41,7 +41,8 @@ def _build_cache(model: Any, pool: SlotPool, context: torch.Tensor) -> Any:
 def _store_new(pool: SlotPool, cache: Any, slots: torch.Tensor) -> None:
     n = slots.numel()
     latent = pool.layout.mla_latent
-    for layer, entry in enumerate(cache.layers):
+    layers: list[Any] = list(cache.layers)
+    for layer, entry in enumerate(layers):
         k = entry.keys[0, :, -n:].permute(1, 0, 2)  # [n, H, D]
         v = entry.values[0, :, -n:].permute(1, 0, 2)
         if latent:
@@ -97,7 +98,7 @@ def layer0_keys(model: Any, tokens: list[int], positions: torch.Tensor, latent: 
         use_cache=True,
         position_embeddings=position_embeddings,
     )
-    entry = cache.layers[0]
+    entry: Any = cache.layers[0]
     if latent:
         return torch.cat([entry.keys, entry.values], dim=-1)[:, :, 0].float()  # [n, 1, D]
     return entry.keys[:, :, 0].float()  # [n, H, D]

@@ -11,7 +11,7 @@ primitives are the ones the splice planner needs:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,7 +167,9 @@ class Engine:
             probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
         return int(torch.multinomial(probs, 1, generator=generator))
 
-    def decode(self, pinned: Pinned, logits: torch.Tensor, params: SamplingParams) -> Iterator[GenerationStep]:
+    def decode(
+        self, pinned: Pinned, logits: torch.Tensor, params: SamplingParams
+    ) -> Generator[GenerationStep, None, None]:
         """Yield decoded tokens after ``pinned`` (whose last logits are ``logits``).
 
         On exhaustion the generated tokens are committed to the cache (all but the last, which
