@@ -26,18 +26,22 @@ class Redact(PolicyBase):
         patterns: Iterable[str | re.Pattern[str]],
         placeholder: str = "[redacted]",
         roles: Iterable[str] = ("system", "user", "assistant", "tool"),
+        exclude_tools: Iterable[str] = (),
     ) -> None:
         self.patterns = [re.compile(p) if isinstance(p, str) else p for p in patterns]
         if not self.patterns:
             raise ValueError("give at least one pattern")
         self.placeholder = placeholder
         self.roles = frozenset(roles)
+        self.exclude_tools = frozenset(exclude_tools)
 
     def propose(self, conversation: Conversation) -> list[Edit]:
         """A forget edit for every message that contains a match."""
         edits = []
         for i, m in enumerate(conversation.messages):
             if m.get("role") not in self.roles or not isinstance(m.get("content"), str):
+                continue
+            if m.get("role") == "tool" and conversation.tool_name_and_args(i)[0] in self.exclude_tools:
                 continue
             text = content_text(m)
             redacted = text

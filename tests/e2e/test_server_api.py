@@ -228,3 +228,17 @@ async def test_auto_splice_for_clients_without_directives():
     assert first.leyline["session_id"] == ext["session_id"]  # found by its longest prefix
     assert ext["auto_splice"] and ext["applied"] and ext["rotated_tokens"] > 0
     assert second.usage.prompt_tokens_details.cached_tokens == ext["reused_tokens"] + ext["rotated_tokens"]
+
+
+async def test_full_kv_pool_is_503_not_a_crash():
+    service = make_service(kv_budget_mb=0.05, max_context_tokens=4096)  # a few hundred token slots
+    with running_server(service) as url:
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        long = [{"role": "user", "content": "word " * 500}]
+        with pytest.raises(openai.InternalServerError) as info:
+            await client.chat.completions.create(model="tiny-mla", messages=long, max_tokens=2)
+        assert info.value.status_code == 503 and info.value.body["code"] == "capacity"
+        ok = await client.chat.completions.create(
+            model="tiny-mla", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+        assert ok.choices  # still serving

@@ -120,6 +120,9 @@ def test_redact_is_forget():
     (edit,) = Redact([r"sk-[A-Za-z0-9]{8,}", r"password=\S+"]).propose(conv(messages))
     assert edit.index == 1 and edit.mode == "forget"
     assert edit.replacement == "Fix it. My key is [redacted] and [redacted]"
+    messages[4] = {**messages[4], "content": "token sk-abcdef123456 in a test file"}
+    assert [e.index for e in Redact([r"sk-\w+"]).propose(conv(messages))] == [1, 4]
+    assert [e.index for e in Redact([r"sk-\w+"], exclude_tools={"read_file"}).propose(conv(messages))] == [1]
     with pytest.raises(ValueError):
         Redact([])
 
