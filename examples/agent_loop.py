@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples.trace import SYSTEM, TASK, TOOLS, agent_turn  # noqa: E402
 from leyline_policies import StaleToolDetector, TruncateOlderThanN  # noqa: E402
 from leyline_sdk import AsyncLeyline  # noqa: E402
-from leyline_server.background import make_service, serve_in_thread  # noqa: E402
+from leyline_server.local import local_service, serve_in_thread  # noqa: E402
 
 
 async def agent(base_url: str, turns: int, model: str) -> None:
@@ -53,7 +53,7 @@ def main() -> None:
     server = (
         contextlib.nullcontext(args.base_url)
         if args.base_url
-        else serve_in_thread(make_service(args.model, kv_budget_mb=64, max_context_tokens=60_000))
+        else serve_in_thread(local_service(args.model, kv_budget_mb=64, max_context_tokens=60_000))
     )
     with server as url:
         asyncio.run(agent(url, args.turns, args.model))

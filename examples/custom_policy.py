@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples.trace import SYSTEM, TASK, TOOLS, agent_turn  # noqa: E402
 from leyline_policies import Conversation, Edit, PolicyBase, TruncateOlderThanN, load_policy, register  # noqa: E402
 from leyline_sdk import AsyncLeyline  # noqa: E402
-from leyline_server.background import make_service, serve_in_thread  # noqa: E402
+from leyline_server.local import local_service, serve_in_thread  # noqa: E402
 
 
 @register("shorten_run_outputs")
@@ -50,7 +50,7 @@ class ShortenRunOutputs(PolicyBase):
 async def main() -> None:
     """Load the policy by name, chain it with a built-in, and run a few turns."""
     policy = load_policy("shorten_run_outputs", keep=2) | TruncateOlderThanN(4)
-    with serve_in_thread(make_service(kv_budget_mb=32, max_context_tokens=60_000)) as url:
+    with serve_in_thread(local_service(kv_budget_mb=32, max_context_tokens=60_000)) as url:
         async with AsyncLeyline(base_url=url + "/v1", policies=[policy]) as client:
             session = client.session(tools=TOOLS)
             messages = [SYSTEM, TASK]

@@ -24,7 +24,7 @@ import openai  # noqa: E402
 from examples.trace import SYSTEM, TASK, TOOLS, agent_turn  # noqa: E402
 from leyline_policies import TruncateOlderThanN, run_policies  # noqa: E402
 from leyline_sdk import AsyncLeyline  # noqa: E402
-from leyline_server.background import make_service, serve_in_thread  # noqa: E402
+from leyline_server.local import local_service, serve_in_thread  # noqa: E402
 
 Row = tuple[int, int, int, int, int, float]  # turn, prompt, reused, rotated, prefilled, ms
 
@@ -117,9 +117,9 @@ def main() -> None:
         f"{args.turns} agent turns"
     )
     settings = dict(model=args.model, layers=args.layers, kv_budget_mb=128, max_context_tokens=60_000)
-    with serve_in_thread(make_service(**settings)) as url:
+    with serve_in_thread(local_service(**settings)) as url:
         leyline = asyncio.run(run_leyline(url, args.turns, args.model))
-    with serve_in_thread(make_service(**settings)) as url:
+    with serve_in_thread(local_service(**settings)) as url:
         plain = asyncio.run(run_plain(url, args.turns, args.model))
     table(leyline, plain)
 

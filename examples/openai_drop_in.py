@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples.trace import SYSTEM, TASK, TOOLS, agent_turn  # noqa: E402
 from leyline_policies import TruncateOlderThanN  # noqa: E402
 from leyline_sdk import AsyncLeyline  # noqa: E402
-from leyline_server.background import make_service, serve_in_thread  # noqa: E402
+from leyline_server.local import local_service, serve_in_thread  # noqa: E402
 
 
 async def run(base_url: str) -> None:
@@ -48,7 +48,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base-url", default=None)
     args = parser.parse_args()
-    server = contextlib.nullcontext(args.base_url) if args.base_url else serve_in_thread(make_service(kv_budget_mb=32))
+    server = contextlib.nullcontext(args.base_url) if args.base_url else serve_in_thread(local_service(kv_budget_mb=32))
     with server as url:
         asyncio.run(run(url))
 

@@ -1,12 +1,14 @@
 """``leyline-server``: serve a model with the Leyline extension on an OpenAI-compatible API.
 
-    leyline-server --model tiny-mla --port 8000
-    leyline-server --model /path/to/checkpoint --kv-budget-mb 4096 --api-key sk-local --auto-splice
+    leyline-server --model-path tiny-mla --port 8000
+    leyline-server --model-path /path/to/checkpoint --served-model-name my-model \\
+        --context-length 8192 --kv-budget-mb 4096 --api-key sk-local --auto-splice
 
-API keys may also come from ``LEYLINE_API_KEYS`` (comma-separated). On SIGINT/SIGTERM the server
-stops accepting connections, lets in-flight requests finish (up to ``--graceful-timeout``
-seconds; streams still open then are cancelled and keep what they generated), releases every
-session and exits 0.
+Flags follow SGLang's and vLLM's names where they mean the same thing (``--model-path``,
+``--served-model-name``, ``--context-length``, ``--mem-fraction-static``). API keys may also
+come from ``LEYLINE_API_KEYS`` (comma-separated). On SIGINT/SIGTERM the server stops accepting
+connections, lets in-flight requests finish (up to ``--graceful-timeout`` seconds; streams still
+open then are cancelled and keep what they generated), releases every session and exits 0.
 """
 
 from __future__ import annotations
@@ -18,46 +20,99 @@ import signal
 import sys
 from typing import Any
 
-__all__ = ["main", "build_service", "parse_args"]
+__all__ = ["main", "build_service", "parse_args", "kv_budget_mb"]
 
 DTYPES = ("float32", "bfloat16", "float16")
+ENGINES = ("embedded", "sglang", "llamacpp")
+
+
+def _model_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model")
+    group.add_argument(
+        "--model-path", "--model", dest="model", default="tiny-mla",
+        help="a preset (tiny-mla, tiny-mla-v3, tiny-gqa), a checkpoint folder or a .gguf file",
+    )  # fmt: skip
+    group.add_argument("--served-model-name", action="append", default=None, help="name(s) clients use (repeatable)")
+    group.add_argument("--engine", choices=ENGINES, default="embedded", help="where the KV cache lives")
+    group.add_argument("--dtype", choices=DTYPES, default="float32", help="weights and KV dtype")
+    group.add_argument("--preset-layers", type=int, default=2, help="decoder layers of a preset model")
+    group.add_argument(
+        "--context-length", "--max-context-tokens", dest="context_length", type=int, default=None,
+        help="longest prompt + completion (default: the model's, capped by the KV pool)",
+    )  # fmt: skip
+    group.add_argument("--kv-budget-mb", type=float, default=256.0, help="memory for the KV pool, in MiB")
+    group.add_argument(
+        "--mem-fraction-static", type=float, default=None,
+        help="size the KV pool as this fraction of the memory available at start (overrides --kv-budget-mb)",
+    )  # fmt: skip
+
+
+def _server_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("server")
+    group.add_argument("--host", default="127.0.0.1")
+    group.add_argument("--port", type=int, default=8000)
+    group.add_argument("--api-key", action="append", default=[], help="accepted API key (repeatable)")
+    group.add_argument(
+        "--isolate-keys", action=argparse.BooleanOptionalAction, default=None,
+        help="a prefix cache per API key (default: on when keys are configured)",
+    )  # fmt: skip
+    group.add_argument("--auto-splice", action="store_true", help="splice edits of clients that send no directives")
+    group.add_argument("--max-sessions", type=int, default=4096, help="sessions kept (least recently used dropped)")
+    group.add_argument("--max-sessions-per-key", type=int, default=1024, help="sessions kept per API key")
+    group.add_argument("--session-ttl", type=float, default=3600.0, help="seconds an idle session is kept")
+    group.add_argument("--graceful-timeout", type=float, default=30.0)
+    group.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command line."""
-    parser = argparse.ArgumentParser(prog="leyline-server", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny-mla", help="tiny-mla | tiny-mla-v3 | tiny-gqa | PATH to a checkpoint")
-    parser.add_argument("--engine", choices=("embedded", "sglang"), default="embedded")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--kv-budget-mb", type=float, default=256.0, help="memory for the KV slot pool")
-    parser.add_argument("--dtype", choices=DTYPES, default="float32")
-    parser.add_argument("--preset-layers", type=int, default=2, help="decoder layers of a preset model")
-    parser.add_argument("--api-key", action="append", default=[], help="accepted API key (repeatable)")
-    parser.add_argument("--auto-splice", action="store_true", help="splice edits of clients that send no directives")
-    parser.add_argument("--max-context-tokens", type=int, default=None)
-    parser.add_argument("--graceful-timeout", type=float, default=30.0)
-    parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    """The command line (``--help`` shows every default)."""
+    parser = argparse.ArgumentParser(
+        prog="leyline-server",
+        description=(__doc__ or "").splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    _model_args(parser)
+    _server_args(parser)
     return parser.parse_args(argv)
 
 
+def kv_budget_mb(args: argparse.Namespace) -> float:
+    """The KV pool size: ``--mem-fraction-static`` of available memory, else ``--kv-budget-mb``."""
+    fraction = args.mem_fraction_static
+    if fraction is None:
+        return float(args.kv_budget_mb)
+    if not 0 < fraction < 1:
+        raise ValueError("--mem-fraction-static must lie in (0, 1)")
+    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return fraction * available / 2**20
+
+
 def build_service(args: argparse.Namespace) -> Any:
-    """Load the model into an embedded engine and wrap it in a service."""
-    import torch
-
+    """Build the engine (:func:`~leyline_server.engines.factory.build_engine`) and wrap it in a service."""
     from leyline_server.api.service import LeylineService, ServerConfig
-    from leyline_server.engines.embedded.presets import load_engine
+    from leyline_server.engines.factory import build_engine
 
-    engine, tokenizer = load_engine(
-        args.model, kv_budget_mb=args.kv_budget_mb, dtype=getattr(torch, args.dtype), layers=args.preset_layers
+    names = tuple(args.served_model_name or ())
+    engine, tokenizer = build_engine(
+        args.engine,
+        args.model,
+        kv_budget_mb=kv_budget_mb(args),
+        dtype=args.dtype,
+        preset_layers=args.preset_layers,
+        max_context_tokens=args.context_length,
+        served_name=names[0] if names else None,
     )
     keys = set(args.api_key) | {k.strip() for k in os.environ.get("LEYLINE_API_KEYS", "").split(",") if k.strip()}
-    max_positions = int(getattr(engine.model.config, "max_position_embeddings", 32_768))
     config = ServerConfig(
         model_name=args.model,
+        served_model_names=names,
         api_keys=frozenset(keys),
+        isolate_keys=args.isolate_keys,
         auto_splice=args.auto_splice,
-        max_context_tokens=min(args.max_context_tokens or max_positions, max_positions, engine.pool.capacity),
+        max_context_tokens=args.context_length,
+        max_sessions=args.max_sessions,
+        max_sessions_per_key=args.max_sessions_per_key,
+        session_ttl_s=args.session_ttl,
     )
     return LeylineService(engine, tokenizer, config)
 
@@ -66,27 +121,28 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script."""
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.engine == "sglang":
-        print(
-            "leyline-server: the SGLang engine is not part of this release yet; use --engine embedded", file=sys.stderr
-        )
-        return 2
     try:
         service = build_service(args)
-    except ValueError as exc:
+    except (ValueError, ImportError) as exc:
         print(f"leyline-server: {exc}", file=sys.stderr)
         return 2
     import uvicorn
 
     from leyline_server.api.app import create_app
 
+    info = service.engine.info
     logging.getLogger("leyline").info(
-        "serving %s on http://%s:%d (KV pool: %d tokens, auth %s, auto-splice %s)",
+        "serving %s as %s on http://%s:%d (engine %s, context %d tokens, KV pool %d tokens, auth %s, "
+        "key isolation %s, auto-splice %s)",
         args.model,
+        ", ".join(service.config.names),
         args.host,
         args.port,
-        service.engine.pool.capacity,
+        info.engine,
+        service.context_tokens,
+        info.kv_capacity_tokens,
         "on" if service.config.api_keys else "off",
+        "on" if service.config.isolated else "off",
         "on" if args.auto_splice else "off",
     )
     # uvicorn re-raises the signal it shut down on once it has restored the previous handlers;

@@ -34,14 +34,18 @@ def test_cli_serves_and_stops_cleanly():
             sys.executable,
             "-m",
             "leyline_server.cli",
-            "--model",
+            "--model-path",
             "tiny-gqa",
+            "--served-model-name",
+            "m",
+            "--context-length",
+            "512",
             "--port",
             str(port),
             "--kv-budget-mb",
             "8",
             "--log-level",
-            "warning",
+            "info",
         ],
         env=env,
         stdout=subprocess.PIPE,
@@ -51,25 +55,47 @@ def test_cli_serves_and_stops_cleanly():
     try:
         wait_healthy(proc, port)
         headers = {"Authorization": "Bearer sk-env"}
-        assert httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 401
-        r = httpx.post(
-            f"http://127.0.0.1:{port}/v1/chat/completions",
-            headers=headers,
-            timeout=60,
-            json={"model": "tiny-gqa", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
-        )
+        url = f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{url}/v1/models").status_code == 401
+        models = httpx.get(f"{url}/v1/models", headers=headers).json()["data"]
+        assert [(m["id"], m["max_model_len"]) for m in models] == [("m", 512)]
+        chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        r = httpx.post(f"{url}/v1/chat/completions", headers=headers, timeout=60, json=chat)
         assert r.status_code == 200 and r.json()["object"] == "chat.completion"
+        r = httpx.post(f"{url}/v1/chat/completions", headers=headers, timeout=60, json={**chat, "model": "gpt-4o"})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+        # no max_tokens, a prompt near the limit: clamped to the room left, not refused
+        near = {"model": "m", "messages": [{"role": "user", "content": "word " * 160}], "temperature": 0}
+        r = httpx.post(f"{url}/v1/chat/completions", headers=headers, timeout=120, json=near)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["total_tokens"] <= 512
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=60)
+        log = proc.stdout.read() if proc.stdout else ""
     assert code == 0
+    assert "context 512 tokens" in log  # the startup log states the context limit
+
+
+def test_cli_help_shows_familiar_flags_and_defaults():
+    out = subprocess.run(
+        [sys.executable, "-m", "leyline_server.cli", "--model-path", "tiny-mla", "--served-model-name", "m",
+         "--context-length", "4096", "--help"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0
+    for flag in ("--model-path", "--served-model-name", "--context-length", "--mem-fraction-static", "--engine",
+                 "--max-sessions-per-key", "--session-ttl", "--isolate-keys"):  # fmt: skip
+        assert flag in out.stdout
+    assert "(default: 256.0)" in out.stdout and "(default: 3600.0)" in out.stdout
 
 
 def test_cli_refuses_unavailable_engine_and_unknown_model():
     out = subprocess.run(
         [sys.executable, "-m", "leyline_server.cli", "--engine", "sglang"], capture_output=True, text=True, timeout=60
     )
-    assert out.returncode == 2 and "SGLang engine is not part of this release" in out.stderr
+    assert out.returncode == 2 and "pip install 'leyline[sglang]'" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1  # one line, no traceback
     out = subprocess.run(
         [sys.executable, "-m", "leyline_server.cli", "--model", "/no/such/model"],
         capture_output=True,

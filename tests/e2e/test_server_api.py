@@ -115,19 +115,33 @@ async def test_error_paths(server):
             await c.post(directives_url, json={"directives": [{"start": 5, "end": 2}]}), 400, "invalid_request"
         )
         assert "end" in body["param"]
-        error_of(await c.post("/v1/chat/completions", json={"model": "m", "messages": []}), 400, "invalid_request")
         error_of(
+            await c.post("/v1/chat/completions", json={"model": "tiny-mla", "messages": []}), 400, "invalid_request"
+        )
+        body = error_of(
             await c.post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"}),
             400,
             "invalid_request",
         )
-        error_of(
-            await c.post(
-                "/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 2}
-            ),
-            400,
-            "invalid_request",
-        )
+        assert body["param"] is None and "JSON" in body["message"]  # not a character offset
+        one = {"model": "tiny-mla", "messages": [{"role": "user", "content": "x"}]}
+        error_of(await c.post("/v1/chat/completions", json={**one, "model": "gpt-4o"}), 404, "model_not_found")
+        for field, value in [
+            ("n", 2),
+            ("response_format", {"type": "json_object"}),
+            ("tool_choice", "required"),
+            ("functions", [{"name": "f"}]),
+            ("store", True),
+            ("modalities", ["text", "audio"]),
+        ]:
+            body = error_of(
+                await c.post("/v1/chat/completions", json={**one, field: value}), 400, "unsupported_parameter"
+            )
+            assert body["param"] == field
+        body = error_of(await c.post("/v1/chat/completions", json={**one, "frobnicate": 1}), 400, "invalid_request")
+        assert body["param"] == "frobnicate" and "unrecognized" in body["message"]
+        body = error_of(await c.post("/v1/chat/completions", json={**one, "top_logprobs": 2}), 400, "invalid_request")
+        assert body["param"] == "top_logprobs"
         error_of(await c.post("/v1/leyline/sessions", json={}), 400, "invalid_request")
         error_of(await c.post("/v1/leyline/sessions", json={"tokens": []}), 400, "empty_session")
         error_of(await c.post("/v1/leyline/sessions", json={"tokens": [10**6]}), 400, "token_invalid")
@@ -150,7 +164,7 @@ async def test_error_paths(server):
         error_of(
             await c.post(
                 "/v1/chat/completions",
-                json={"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 5000},
+                json={"model": "tiny-mla", "messages": [{"role": "user", "content": "x"}], "max_tokens": 5000},
             ),
             400,
             "context_length_exceeded",
@@ -182,15 +196,16 @@ async def test_error_paths(server):
         error_of(await c.get("/v1/nowhere"), 404, "http_error")
 
 
-async def test_sessions_per_key_cap(server):
+async def test_sessions_over_the_key_cap_drop_the_oldest_instead_of_refusing(server):
     async with http(server, KEY_B) as c:
         made = []
-        for _ in range(40):
+        for _ in range(45):  # the cap is 40
             r = await c.post("/v1/leyline/sessions", json={"tokens": [10, 11]})
             assert r.status_code == 200, r.text
             made.append(r.json()["id"])
-        error_of(await c.post("/v1/leyline/sessions", json={"tokens": [10, 11]}), 429, "too_many_sessions")
-        for sid in made:
+        live = [sid for sid in made if (await c.get(f"/v1/leyline/sessions/{sid}")).status_code == 200]
+        assert live == made[5:]  # the five least recently used went
+        for sid in live:
             await c.delete(f"/v1/leyline/sessions/{sid}")
 
 
@@ -230,15 +245,26 @@ async def test_auto_splice_for_clients_without_directives():
     assert second.usage.prompt_tokens_details.cached_tokens == ext["reused_tokens"] + ext["rotated_tokens"]
 
 
-async def test_full_kv_pool_is_503_not_a_crash():
-    service = make_service(kv_budget_mb=0.05, max_context_tokens=4096)  # a few hundred token slots
+async def test_a_pool_full_of_idle_sessions_makes_room_instead_of_failing():
+    service = make_service(kv_budget_mb=0.2, max_context_tokens=4096)  # a few hundred token slots
+    capacity = service.engine.info.kv_capacity_tokens
     with running_server(service) as url:
-        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
-        long = [{"role": "user", "content": "word " * 500}]
-        with pytest.raises(openai.InternalServerError) as info:
-            await client.chat.completions.create(model="tiny-mla", messages=long, max_tokens=2)
-        assert info.value.status_code == 503 and info.value.body["code"] == "capacity"
-        ok = await client.chat.completions.create(
-            model="tiny-mla", messages=[{"role": "user", "content": "hi"}], max_tokens=2
-        )
-        assert ok.choices  # still serving
+        async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+            sessions = []
+            for i in range(capacity // 40):  # pin most of the pool with idle sessions
+                r = await c.post("/v1/leyline/sessions", json={"tokens": [10 + i] + list(range(100, 138))})
+                assert r.status_code == 200, r.text
+                sessions.append(r.json()["id"])
+            client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+            words = 1
+            while len(service.chat.render([{"role": "user", "content": "word " * words}]).tokens) < capacity // 2:
+                words += 1
+            big = [{"role": "user", "content": "word " * words}]
+            ok = await client.chat.completions.create(model="tiny-mla", messages=big, max_tokens=2)
+            assert ok.choices  # served: the oldest idle sessions were dropped to make room
+            assert (await c.get(f"/v1/leyline/sessions/{sessions[0]}")).status_code == 404
+            assert (await c.get(f"/v1/leyline/sessions/{sessions[-1]}")).status_code == 200
+            too_long = [{"role": "user", "content": "word " * capacity}]
+            with pytest.raises(openai.BadRequestError) as info:  # longer than the pool: the context limit
+                await client.chat.completions.create(model="tiny-mla", messages=too_long, max_tokens=2)
+            assert info.value.body["code"] == "context_length_exceeded"

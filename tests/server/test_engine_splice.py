@@ -6,10 +6,19 @@ import pytest
 import torch
 
 from leyline_sdk.directives import Directive, apply
-from leyline_server.engines.embedded.engine import SamplingParams
+from leyline_server.engines.base import SamplingParams
 from leyline_server.rope import RopeSpec
-from leyline_server.splice import FallbackCode, SpliceError, splice
-from tests.server.engine_helpers import PRESET_NAMES, engine, fresh, layer0_oracle_error, pool_rows
+from leyline_server.splice import FallbackCode, SpliceError
+from tests.server.engine_helpers import (
+    PRESET_NAMES,
+    engine,
+    fresh,
+    layer0_oracle_error,
+    pool_rows,
+    prefill,
+    run_splice,
+    with_spec,
+)
 
 BASE = [(37 * i + 11) % 1000 + 7 for i in range(80)]
 EDITS = {
@@ -28,11 +37,11 @@ EDITS = {
 
 def spliced(name, directives, layers=1, query=(5,)):
     eng = engine(name, layers=layers)
-    pinned, _, _ = eng.prefill(BASE)
-    pinned, report = splice(eng, pinned, directives)
+    pinned, _, _ = prefill(eng, BASE)
+    pinned, report = run_splice(eng, pinned, directives)
     eng.check_integrity()
     new = apply(BASE, directives)
-    after, logits, reused = eng.prefill(new + list(query), previous=pinned)
+    after, logits, reused = prefill(eng, new + list(query), previous=pinned)
     return eng, after, logits, report, reused
 
 
@@ -47,7 +56,7 @@ def test_one_layer_splice_equals_fresh_prefill(name, edit):
     assert report.prefilled_tokens == sum(len(d.replacement) for d in directives)
     assert reused == len(new)  # the continuation reuses the whole spliced sequence
     ref_eng, ref_pinned, _ = fresh(name, new + [5])
-    ref_logits = ref_eng.prefill(new + [5])[1]
+    ref_logits = prefill(ref_eng, new + [5])[1]
     cache = pool_rows(eng, after.slots[: len(new)])
     ref_cache = pool_rows(ref_eng, ref_pinned.slots[: len(new)])
     assert (cache - ref_cache).abs().max().item() <= 1e-4
@@ -74,13 +83,13 @@ def test_forget_equals_fresh_prefill(name):
     directives = [Directive(start=20, end=45, replacement=[3, 4, 5, 6], mode="forget")]
     new = apply(BASE, directives)
     eng = engine(name, layers=2)
-    pinned, _, _ = eng.prefill(BASE)
-    pinned, report = splice(eng, pinned, directives)
+    pinned, _, _ = prefill(eng, BASE)
+    pinned, report = run_splice(eng, pinned, directives)
     assert report.applied and report.rotated_tokens == 0 and report.reused_tokens == 20
     ref_eng, ref_pinned, _ = fresh(name, new, layers=2)
     torch.testing.assert_close(pool_rows(eng, pinned.slots), pool_rows(ref_eng, ref_pinned.slots), rtol=0, atol=1e-5)
-    cont, logits, _ = eng.prefill(new + [9], previous=pinned)
-    ref_cont, ref_logits, _ = ref_eng.prefill(new + [9], previous=ref_pinned)
+    cont, logits, _ = prefill(eng, new + [9], previous=pinned)
+    ref_cont, ref_logits, _ = prefill(ref_eng, new + [9], previous=ref_pinned)
     params = SamplingParams(max_tokens=8)
     assert [s.token for s in eng.decode(cont, logits, params)] == [
         s.token for s in ref_eng.decode(ref_cont, ref_logits, params)
@@ -91,9 +100,9 @@ def test_forget_equals_fresh_prefill(name):
 @pytest.mark.parametrize("name", PRESET_NAMES)
 def test_identity_edit_changes_nothing(name):
     eng = engine(name, layers=3)
-    pinned, _, _ = eng.prefill(BASE)
+    pinned, _, _ = prefill(eng, BASE)
     before = pool_rows(eng, pinned.slots).clone()
-    pinned, report = splice(eng, pinned, [Directive(start=30, end=35, replacement=BASE[30:35])])
+    pinned, report = run_splice(eng, pinned, [Directive(start=30, end=35, replacement=BASE[30:35])])
     assert report.applied and pinned.tokens == BASE
     torch.testing.assert_close(pool_rows(eng, pinned.slots), before, rtol=0, atol=1e-5)
 
@@ -105,8 +114,8 @@ def test_mixed_amortize_then_forget_recomputes_from_the_forget():
     ]
     new = apply(BASE, directives)
     eng = engine("tiny-gqa", layers=1)
-    pinned, _, _ = eng.prefill(BASE)
-    pinned, report = splice(eng, pinned, directives)
+    pinned, _, _ = prefill(eng, BASE)
+    pinned, report = run_splice(eng, pinned, directives)
     assert report.applied and report.rotated_tokens == 30  # base 20..50 moved
     assert report.prefilled_tokens == 2 + len(new) - (50 - 8)
     ref_eng, ref_pinned, _ = fresh("tiny-gqa", new)
@@ -115,7 +124,7 @@ def test_mixed_amortize_then_forget_recomputes_from_the_forget():
 
 # -- fallbacks: each code provoked for real ---------------------------------------------------------
 def _pinned(eng):
-    return eng.prefill(BASE)[0]
+    return prefill(eng, BASE)[0]
 
 
 def _provoke(code):
@@ -128,15 +137,15 @@ def _provoke(code):
     elif code is FallbackCode.SPAN_INVALID:
         directives = [Directive(start=10, end=30), Directive(start=20, end=40)]
     elif code is FallbackCode.TOKEN_INVALID:
-        directives = [Directive(start=10, end=30, replacement=[eng.vocab_size])]
+        directives = [Directive(start=10, end=30, replacement=[eng.info.vocab_size])]
     elif code is FallbackCode.PROMPT_MISMATCH:
         kwargs["prompt"] = BASE
     elif code is FallbackCode.ROPE_UNSUPPORTED:
-        eng.spec = RopeSpec(model_type="x", shiftable=False, reason="test: unshiftable")
+        eng = with_spec(eng, RopeSpec(model_type="x", shiftable=False, reason="test: unshiftable"))
     elif code is FallbackCode.DRIFT_BUDGET:
         eng.rotation_budget = 0
     elif code is FallbackCode.CANARY_FAILED:
-        eng.spec = eng.spec.with_layout("half_split")  # V2 caches interleaved: a wrong layout
+        eng = with_spec(eng, eng.spec.with_layout("half_split"))  # V2 caches interleaved: a wrong layout
     elif code is FallbackCode.CAPACITY:
         # room for 100 tokens: the pinned base (80) leaves 20, the splice needs 35 rotated + 2;
         # the forget fallback may evict the old branch and fits
@@ -150,7 +159,7 @@ def _provoke(code):
 def test_each_fallback_code_is_produced_and_strict_raises(code):
     eng, directives, kwargs = _provoke(code)
     pinned = _pinned(eng)
-    new_pinned, report = splice(eng, pinned, directives, **kwargs)
+    new_pinned, report = run_splice(eng, pinned, directives, **kwargs)
     assert report.fallback is not None and report.fallback.code is code, report
     assert not report.applied and report.rotated_tokens == 0
     eng.check_integrity()
@@ -158,14 +167,14 @@ def test_each_fallback_code_is_produced_and_strict_raises(code):
         assert new_pinned.tokens == apply(BASE, directives)  # forget fits where the splice did not
     eng, directives, kwargs = _provoke(code)
     with pytest.raises(SpliceError) as info:
-        splice(eng, _pinned(eng), directives, strict=True, **kwargs)
+        run_splice(eng, _pinned(eng), directives, strict=True, **kwargs)
     assert info.value.code is code
     eng.check_integrity()
 
 
 def test_fallback_forget_gives_the_fresh_result():
     eng, directives, kwargs = _provoke(FallbackCode.CANARY_FAILED)
-    pinned, report = splice(eng, _pinned(eng), directives, **kwargs)
+    pinned, report = run_splice(eng, _pinned(eng), directives, **kwargs)
     assert report.fallback.code is FallbackCode.CANARY_FAILED
     new = apply(BASE, directives)
     ref_eng, ref_pinned, _ = fresh("tiny-mla", new)

@@ -12,9 +12,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from leyline_sdk.directives import Directive, apply
-from leyline_server.engines.embedded.engine import SamplingParams
-from leyline_server.splice import splice
-from tests.server.engine_helpers import engine, layer0_oracle_error
+from leyline_server.engines.base import SamplingParams
+from tests.server.engine_helpers import engine, layer0_oracle_error, prefill, run_splice
 
 token = st.integers(min_value=7, max_value=1000)
 
@@ -48,7 +47,7 @@ class EngineMachine(RuleBasedStateMachine):
     def generate(self, name, prompt, n):
         previous = self.sessions.get(name)
         tokens = (previous[1] if previous else []) + prompt
-        pinned, logits, _ = self.eng.prefill(tokens, previous=previous[0] if previous else None)
+        pinned, logits, _ = prefill(self.eng, tokens, previous=previous[0] if previous else None)
         steps = list(self.eng.decode(pinned, logits, SamplingParams(max_tokens=n)))
         self.sessions[name] = (pinned, tokens + [s.token for s in steps])
 
@@ -58,7 +57,7 @@ class EngineMachine(RuleBasedStateMachine):
         name = data.draw(st.sampled_from(sorted(self.sessions)))
         pinned, expected = self.sessions[name]
         directives = data.draw(directive_sets(len(expected)))
-        pinned, report = splice(self.eng, pinned, directives, base_length=len(expected))
+        pinned, report = run_splice(self.eng, pinned, directives, base_length=len(expected))
         assert report.applied, report
         self.sessions[name] = (pinned, apply(expected, directives))
 
@@ -67,7 +66,7 @@ class EngineMachine(RuleBasedStateMachine):
     def close(self, name):
         if name in self.sessions:
             pinned, _ = self.sessions.pop(name)
-            self.eng.unpin(pinned)
+            self.eng.release(pinned)
 
     @rule(n=st.integers(0, 200))
     def evict(self, n):

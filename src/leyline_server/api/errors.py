@@ -1,8 +1,8 @@
 """API errors in OpenAI's shape: ``{"error": {"type", "code", "message", "param"}}``.
 
-Status codes: 400 malformed request, 401 authentication, 404 unknown session, 409 base mismatch
-(strict), 413 body too large, 422 directive not applicable (strict), 429 too many sessions,
-503 no KV capacity.
+Status codes: 400 malformed request or unsupported parameter, 401 authentication, 404 unknown
+model or session, 409 base mismatch (strict), 413 body too large, 422 directive not applicable
+(strict), 500 a server bug (with a request id), 503 no KV capacity.
 """
 
 from __future__ import annotations
@@ -50,9 +50,14 @@ def _validation_param(exc: RequestValidationError) -> tuple[str, str | None]:
     if not errors:
         return "invalid request", None
     first = errors[0]
+    if first.get("type") == "json_invalid":  # loc holds a character offset, not a field
+        return f"the body is not valid JSON: {first.get('ctx', {}).get('error', 'parse error')}", None
     loc = [str(x) for x in first.get("loc", ()) if x != "body"]
     param = ".".join(loc) or None
-    return f"{param + ': ' if param else ''}{first.get('msg', 'invalid value')}", param
+    message = first.get("msg", "invalid value")
+    if first.get("type") == "extra_forbidden":
+        message = "unrecognized request argument"
+    return f"{param + ': ' if param else ''}{message}", param
 
 
 def install_error_handlers(app: Any) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 __all__ = ["Metrics"]
 
@@ -17,6 +17,10 @@ class Metrics:
             "leyline_splices", "Splices by outcome and fallback code", ["outcome", "code"], registry=self.registry
         )
         self.tokens = Counter("leyline_tokens", "Prompt tokens by treatment", ["kind"], registry=self.registry)
+        self.sessions = Gauge("leyline_sessions", "Live sessions", registry=self.registry)
+        self.sessions_dropped = Gauge(
+            "leyline_sessions_dropped", "Sessions dropped (LRU, TTL or deleted) since start", registry=self.registry
+        )
         self.latency = Histogram(
             "leyline_request_seconds",
             "Request latency",
@@ -31,11 +35,13 @@ class Metrics:
             buckets=(1, 5, 10, 25, 50, 100, 250, 500, 1000, 5000),
         )
 
-    def record_tokens(self, reused: int, rotated: int, prefilled: int) -> None:
-        """Count the prompt tokens of one request by what happened to them."""
+    def record_tokens(self, reused: int, rotated: int, prefilled: int, approximate: int) -> None:
+        """Count the prompt tokens of one request by what happened to them (``approximate``:
+        served with rotated or downstream-of-rotated KV; a subset of the others)."""
         self.tokens.labels("reused").inc(reused)
         self.tokens.labels("rotated").inc(rotated)
         self.tokens.labels("prefilled").inc(prefilled)
+        self.tokens.labels("approximate").inc(approximate)
 
     def render(self) -> bytes:
         """The Prometheus text exposition."""

@@ -1,4 +1,9 @@
-"""Request schemas of the HTTP API (responses are plain dicts in OpenAI's shapes)."""
+"""Request schemas of the HTTP API. The ``leyline`` extension's models live in ``leyline_sdk.wire``.
+
+Unknown request fields are refused with a 400 that names them (OpenAI does the same); fields
+this server cannot honour are refused by :func:`leyline_server.api.params.sampling_params`,
+never ignored.
+"""
 
 from __future__ import annotations
 
@@ -7,39 +12,21 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from leyline_sdk.directives import Directive
+from leyline_sdk.wire import BaseRef, LeylineRequest
 
 __all__ = [
     "BaseRef",
-    "LeylineRequest",
     "ChatCompletionRequest",
-    "TokenizeRequest",
-    "SessionCreateRequest",
     "DirectivesRequest",
+    "LeylineRequest",
+    "Message",
+    "SessionCreateRequest",
+    "TokenizeRequest",
 ]
 
 
-class BaseRef(BaseModel):
-    """The client's view of a session's base: its length and digest."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    length: int = Field(ge=0)
-    digest: str | None = None
-
-
-class LeylineRequest(BaseModel):
-    """The ``leyline`` extension of a chat completion request."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    session_id: str | None = None
-    base: BaseRef | None = None
-    directives: list[Directive] = Field(default_factory=list)
-    strict: bool = False
-
-
 class Message(BaseModel):
-    """An OpenAI chat message (unknown fields kept)."""
+    """An OpenAI chat message (unknown fields kept: chat templates may use them)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -48,14 +35,15 @@ class Message(BaseModel):
 
 
 class ChatCompletionRequest(BaseModel):
-    """OpenAI's chat completion request, with the fields this server honours."""
+    """OpenAI's chat completion request, every field this server knows (others: 400)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
 
     model: str
     messages: list[Message] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     max_tokens: int | None = Field(default=None, ge=1)
@@ -64,7 +52,25 @@ class ChatCompletionRequest(BaseModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int | None = None
     stop: str | list[str] | None = None
-    n: int = Field(default=1, ge=1, le=1)
+    n: int = Field(default=1, ge=1)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    response_format: dict[str, Any] | None = None
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    # known to OpenAI, not supported here: refused with a message naming the field
+    functions: Any = None
+    function_call: Any = None
+    audio: Any = None
+    modalities: list[str] | None = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    web_search_options: Any = None
     leyline: LeylineRequest | None = None
 
 

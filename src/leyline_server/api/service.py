@@ -1,83 +1,70 @@
-"""The server's behaviour behind the routes: sessions, splices, generation, limits.
+"""The server's behaviour behind the routes: sessions, splices, turns, limits. No HTTP here.
 
-Threading: the event loop owns the session store and the per-session locks; every touch of the
-engine (radix tree, pool, model) happens on the engine thread through :class:`AsyncEngine`. A
-request's splice + prefill is one engine job; decoding is one job per token, so requests from
-many sessions interleave.
+Threading: the event loop owns the session store; every touch of the KV cache happens inside
+the engine (:class:`~leyline_server.engines.base.Engine`), which runs its own jobs. A request on
+a session holds that session (:meth:`SessionStore.use`) from the splice to the end of decoding.
 """
 
 from __future__ import annotations
 
-import asyncio
+import hashlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
-import torch
-
+from leyline_sdk.diff import common_prefix_length, diff_token_sequences
 from leyline_sdk.directives import Directive, digest
 from leyline_sdk.errors import RenderError
 from leyline_sdk.rendering import HFChatTokenizer, RenderedConversation
-from leyline_sdk.spans import common_prefix_length, diff_token_sequences
+from leyline_sdk.wire import BaseRef, FallbackInfo, LeylineRequest, LeylineResult
 from leyline_server.api.errors import APIError
 from leyline_server.api.metrics import Metrics
-from leyline_server.api.schemas import BaseRef, ChatCompletionRequest, Message
-from leyline_server.engines.embedded.engine import CapacityError, Engine, GenerationStep, Pinned, SamplingParams
-from leyline_server.engines.embedded.worker import AsyncEngine
+from leyline_server.api.schemas import Message
+from leyline_server.engines.base import CacheScope, CapacityError, Engine, Handle, SpliceRequest, Turn
 from leyline_server.sessions import Session, SessionStore
-from leyline_server.splice import Fallback, FallbackCode, SpliceError, SpliceReport, splice
+from leyline_server.splice import SpliceError, SpliceReport, strict_status
 
-__all__ = ["ServerConfig", "LeylineService", "Prepared"]
+__all__ = ["ServerConfig", "LeylineService", "ChatTurn"]
 
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """Server settings and limits."""
+    """Server settings and limits (the CLI's flags)."""
 
     model_name: str
+    served_model_names: tuple[str, ...] = ()
     api_keys: frozenset[str] = frozenset()
+    isolate_keys: bool | None = None  # None: on when API keys are configured
     auto_splice: bool = False
     max_body_bytes: int = 8 * 2**20
     max_directives: int = 256
     max_replacement_tokens: int = 16_384
-    max_context_tokens: int = 32_768
-    max_sessions_per_key: int = 256
+    max_context_tokens: int | None = None
+    max_sessions_per_key: int = 1024
     max_sessions: int = 4096
     session_ttl_s: float = 3600.0
-    default_max_tokens: int = 256
+    default_max_tokens: int | None = None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Model names requests may ask for."""
+        return self.served_model_names or (self.model_name,)
+
+    @property
+    def isolated(self) -> bool:
+        """Whether each API key gets its own prefix cache."""
+        return bool(self.api_keys) if self.isolate_keys is None else self.isolate_keys
 
 
 @dataclass
-class Prepared:
-    """A prompt cached and ready to decode, with what it took."""
+class ChatTurn:
+    """A chat request in flight: the engine's turn, its session, and what to report."""
 
-    pinned: Pinned
-    logits: torch.Tensor
-    prompt: list[int]
+    turn: Turn
     session: Session | None
-    report: SpliceReport | None
-    final_reused: int
+    fallback: FallbackInfo | None = None
     auto_splice: bool = False
-    fallback: Fallback | None = None
-    generated: list[int] = field(default_factory=list)
-
-    def counts(self) -> tuple[int, int, int]:
-        """(reused, rotated, prefilled) prompt tokens."""
-        if self.report is None:
-            return self.final_reused, 0, len(self.prompt) - self.final_reused
-        # the prompt's tail past the spliced sequence (the final prefill always recomputes the
-        # last token for its logits; that duplicate is not a prompt token computed anew)
-        spliced = self.report.reused_tokens + self.report.rotated_tokens + self.report.prefilled_tokens
-        extra = max(len(self.prompt) - max(self.final_reused, spliced), 0)
-        return self.report.reused_tokens, self.report.rotated_tokens, self.report.prefilled_tokens + extra
-
-
-def _strict_status(code: FallbackCode) -> int:
-    if code is FallbackCode.BASE_MISMATCH:
-        return 409
-    if code is FallbackCode.CAPACITY:
-        return 503
-    return 422
 
 
 class LeylineService:
@@ -88,19 +75,33 @@ class LeylineService:
         self.tokenizer = tokenizer
         self.chat = HFChatTokenizer(tokenizer)
         self.config = config
-        self.front = AsyncEngine(engine)
         self.metrics = Metrics()
         self.sessions = SessionStore(
-            on_release=lambda pinned: self.front.submit(engine.unpin, pinned),
+            release=engine.release,
             ttl_s=config.session_ttl_s,
             max_sessions=config.max_sessions,
+            max_per_key=config.max_sessions_per_key,
         )
-        self._locks: dict[str, asyncio.Lock] = {}
 
     # -- helpers ----------------------------------------------------------------------------------
-    def lock(self, session_id: str) -> asyncio.Lock:
-        """The lock that serialises requests on one session."""
-        return self._locks.setdefault(session_id, asyncio.Lock())
+    @property
+    def context_tokens(self) -> int:
+        """The context limit: the flag, the model's positions and the KV pool, whichever is least."""
+        limit = self.engine.info.max_context_tokens
+        return min(limit, self.config.max_context_tokens) if self.config.max_context_tokens else limit
+
+    def salt(self, owner: str | None) -> str | None:
+        """The prefix-cache partition of ``owner`` (``None``: shared)."""
+        if owner is None or not self.config.isolated:
+            return None
+        return hashlib.sha256(owner.encode()).hexdigest()[:16]
+
+    def check_model(self, name: str) -> None:
+        """404 ``model_not_found`` unless ``name`` is served here."""
+        if name not in self.config.names:
+            raise APIError(
+                404, "model_not_found", f"the model {name!r} does not exist; served: {list(self.config.names)}", "model"
+            )
 
     def render(
         self, messages: list[Message], tools: list[dict[str, Any]] | None, generation: bool
@@ -112,199 +113,269 @@ class LeylineService:
         except RenderError as exc:
             raise APIError(400, "invalid_messages", str(exc), "messages") from exc
 
-    def check_directives(self, directives: list[Directive]) -> None:
+    def check_directives(self, directives: list[Directive], param: str) -> None:
         """Enforce the per-request directive limits."""
         if len(directives) > self.config.max_directives:
-            raise APIError(400, "too_many_directives", f"at most {self.config.max_directives} directives", "directives")
+            raise APIError(400, "too_many_directives", f"at most {self.config.max_directives} directives", param)
         for i, d in enumerate(directives):
             if len(d.replacement) > self.config.max_replacement_tokens:
                 raise APIError(
                     400,
                     "replacement_too_long",
                     f"directive {i}: replacement longer than {self.config.max_replacement_tokens} tokens",
-                    f"directives.{i}.replacement",
+                    f"{param}.{i}.replacement",
                 )
 
     def check_tokens(self, tokens: list[int], param: str) -> None:
-        """Token ids must exist in the vocabulary."""
-        bad = [t for t in tokens if t < 0 or t >= self.engine.vocab_size]
+        """Token ids must exist in the vocabulary, and fit the context."""
+        vocab = self.engine.info.vocab_size
+        bad = [t for t in tokens if t < 0 or t >= vocab]
         if bad:
             raise APIError(400, "token_invalid", f"token {bad[0]} is outside the vocabulary", param)
+        if len(tokens) > self.context_tokens:
+            raise APIError(400, "context_length_exceeded", f"more than {self.context_tokens} tokens", param)
 
-    def new_session(self, owner: str | None, pinned: Pinned) -> Session:
-        """Store a session, enforcing the per-key cap (429)."""
-        if self.sessions.count(owner) >= self.config.max_sessions_per_key:
-            self.front.submit(self.engine.unpin, pinned)
-            raise APIError(429, "too_many_sessions", f"at most {self.config.max_sessions_per_key} sessions per key")
-        return self.sessions.create(owner, pinned)
+    def _record(self, report: SpliceReport | None) -> None:
+        if report is None:
+            return
+        fb = report.fallback
+        self.metrics.splices.labels("fallback" if fb else "applied", fb.code.value if fb else "").inc()
+        self.metrics.splice_ms.observe(report.splice_ms)
+
+    def _splice_error(self, exc: SpliceError, param: str) -> APIError:
+        self.metrics.splices.labels("error", exc.code.value).inc()
+        return APIError(strict_status(exc.code), exc.code.value, exc.message, param)
+
+    # -- chat ---------------------------------------------------------------------------------------
+    def _resolve(
+        self, ext: LeylineRequest | None, owner: str | None, prompt: list[int]
+    ) -> tuple[Session | None, FallbackInfo | None]:
+        """The session a chat request continues (or opens), and a fallback to report."""
+        if ext is not None and ext.session_id:
+            session = self.sessions.get(ext.session_id, owner)
+            if session is not None:
+                return session, None
+            if ext.strict:
+                raise APIError(
+                    404, "session_not_found", f"unknown or expired session {ext.session_id!r}", "leyline.session_id"
+                )
+            message = f"unknown session {ext.session_id!r} (expired, dropped or never opened): served as a new session"
+            return self.sessions.open(owner, self.salt(owner)), FallbackInfo(code="base_mismatch", message=message)
+        if ext is not None:
+            return self.sessions.open(owner, self.salt(owner)), None
+        if self.config.auto_splice:
+            return self._find_by_prefix(owner, prompt) or self.sessions.open(owner, self.salt(owner)), None
+        return None, None
 
     def _find_by_prefix(self, owner: str | None, prompt: list[int]) -> Session | None:
         best, best_len = None, 0
-        for session in self.sessions.all():
-            if session.owner != owner:
-                continue
+        for session in self.sessions.owned_by(owner):
             n = common_prefix_length(session.tokens, prompt)
-            if n > best_len:
+            if n > best_len and session.users == 0:
                 best, best_len = session, n
-        return self.sessions.get(best.id, owner) if best else None
+        return best
 
-    # -- chat -------------------------------------------------------------------------------------
-    def sampling(self, req: ChatCompletionRequest) -> SamplingParams:
-        """Decoding parameters from the request."""
-        max_tokens = req.max_completion_tokens or req.max_tokens or self.config.default_max_tokens
-        return SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed)
-
-    async def prepare_chat(self, req: ChatCompletionRequest, owner: str | None) -> Prepared:
-        """Resolve the session, splice if asked (or auto-splice), prefill the prompt."""
-        rendered = self.render(req.messages, req.tools, generation=True)
-        prompt = rendered.tokens
-        max_tokens = self.sampling(req).max_tokens
-        if len(prompt) + max_tokens > self.config.max_context_tokens:
-            raise APIError(
-                400,
-                "context_length_exceeded",
-                f"{len(prompt)} prompt tokens + {max_tokens} max tokens exceed {self.config.max_context_tokens}",
-                "messages",
+    def _splice_request(
+        self, ext: LeylineRequest | None, session: Session, prompt: list[int]
+    ) -> tuple[SpliceRequest | None, FallbackInfo | None, bool]:
+        """What to ask the engine for: (splice request, a base fallback to report, auto-spliced)."""
+        base = session.tokens
+        if ext is None:  # auto-splice: explain the prompt's difference from the session by tokens
+            if not base or prompt[: len(base)] == base:
+                return None, None, False
+            return SpliceRequest(diff_token_sequences(base, prompt), prompt=prompt), None, True
+        if (
+            ext.base is not None
+            and not ext.directives
+            and (ext.base.length != len(base) or (ext.base.digest is not None and ext.base.digest != digest(base)))
+        ):
+            if ext.strict:
+                raise APIError(409, "base_mismatch", "the client's base differs from the session's", "leyline.base")
+            return (
+                None,
+                FallbackInfo(code="base_mismatch", message="the client's base differs from the session's"),
+                False,
             )
-        ext = req.leyline
-        directives = ext.directives if ext else []
-        self.check_directives(directives)
-        session: Session | None = None
-        pre_fallback: Fallback | None = None
-        if ext is not None and ext.session_id:
-            session = self.sessions.get(ext.session_id, owner)
-            if session is None:
+        if not ext.directives:
+            return None, None, False
+        ref = ext.base
+        return (
+            SpliceRequest(ext.directives, ref.length if ref else None, ref.digest if ref else None, ext.strict, prompt),
+            None,
+            False,
+        )
+
+    def shed(self, tokens: int, keep: Session | None = None) -> bool:
+        """Drop least recently used idle sessions holding at least ``tokens`` cached tokens.
+
+        The KV pool is full of pinned sessions: they are cache handles, so the oldest make room
+        (a later request on one falls back to ``base_mismatch``). ``False`` if none could go.
+        """
+        freed, dropped = 0, False
+        for session in self.sessions.all():
+            if freed >= tokens:
+                break
+            if session is keep or session.users or session.handle is None:
+                continue
+            freed += session.handle.cached
+            self.sessions.drop(session)
+            dropped = True
+        return dropped
+
+    async def _start_with_room(
+        self,
+        session: Session | None,
+        prompt: list[int],
+        scope: CacheScope,
+        request: SpliceRequest | None,
+        handle: Handle | None,
+    ) -> ChatTurn:
+        """Start the turn; when the pool is full, shed idle sessions and serve it as a forget."""
+        fallback = None
+        for _ in range(3):
+            try:
+                chat = await self._start(session, prompt, scope, request, handle)
+            except CapacityError as exc:
+                handle, request = None, None  # the engine released the session's handle
+                fallback = FallbackInfo(code="capacity", message=f"KV pool full, idle sessions dropped: {exc}")
+                if not self.shed(len(prompt), keep=session):
+                    raise APIError(503, "capacity", str(exc)) from exc
+                continue
+            chat.fallback = chat.fallback or fallback
+            return chat
+        raise APIError(503, "capacity", "the KV pool stayed full after dropping idle sessions")
+
+    @asynccontextmanager
+    async def chat_turn(
+        self, ext: LeylineRequest | None, owner: str | None, prompt: list[int]
+    ) -> AsyncIterator[ChatTurn]:
+        """Resolve the session, splice if asked, prefill; yield the turn; keep or release its handle.
+
+        Hold the context for as long as the turn decodes (a stream keeps it until it is closed).
+        """
+        if ext is not None:
+            self.check_directives(ext.directives, "leyline.directives")
+        session, fallback = self._resolve(ext, owner, prompt)
+        if session is None:
+            chat = await self._start_with_room(None, prompt, CacheScope(self.salt(owner)), None, None)
+            try:
+                yield chat
+            finally:
+                self.engine.release(chat.turn.handle)
+            return
+        async with self.sessions.use(session):
+            request, base_fallback, auto = (None, None, False)
+            if session.handle is not None:
+                request, base_fallback, auto = self._splice_request(ext, session, prompt)
+            elif ext is not None and ext.directives and fallback is None:
+                message = "a new session has no base to apply directives to"
                 if ext.strict:
-                    raise APIError(404, "session_not_found", "unknown or expired session", "leyline.session_id")
-                if directives:
-                    pre_fallback = Fallback(code=FallbackCode.BASE_MISMATCH, message="unknown or expired session")
-        elif ext is None and self.config.auto_splice:
-            session = self._find_by_prefix(owner, prompt)
-        auto = ext is None and self.config.auto_splice and session is not None
-        base: BaseRef | None = ext.base if ext else None
-        strict = bool(ext and ext.strict)
+                    raise APIError(409, "base_mismatch", message, "leyline.directives")
+                base_fallback = FallbackInfo(code="base_mismatch", message=message)
+            handle, session.handle = session.handle, None
+            try:
+                chat = await self._start_with_room(session, prompt, session.scope, request, handle)
+            except SpliceError as exc:
+                session.handle = handle  # strict: nothing changed
+                raise self._splice_error(exc, "leyline.directives") from exc
+            except BaseException:
+                self.sessions.drop(session)  # its handle was released by the engine
+                raise
+            chat.fallback = fallback or base_fallback or chat.fallback
+            chat.auto_splice = auto
+            session.handle = chat.turn.handle
+            try:
+                yield chat
+            finally:
+                session.handle = chat.turn.handle
 
-        def job() -> Prepared:
-            pinned = session.pinned if session else None
-            todo = directives if (pinned is not None and pre_fallback is None) else []
-            if auto and pinned is not None and prompt[: len(pinned.tokens)] != pinned.tokens:
-                todo = diff_token_sequences(pinned.tokens, prompt)
-            report = None
-            if pinned is not None and todo:
-                pinned, report = splice(
-                    self.engine,
-                    pinned,
-                    todo,
-                    base_length=base.length if base else None,
-                    base_digest=base.digest if base else None,
-                    prompt=prompt,
-                    strict=strict,
-                )
-            fresh, logits, reused = self.engine.prefill(prompt, previous=pinned)
-            return Prepared(fresh, logits, prompt, session, report, reused, auto and bool(todo), pre_fallback)
+    async def _start(
+        self,
+        session: Session | None,
+        prompt: list[int],
+        scope: CacheScope,
+        request: SpliceRequest | None,
+        handle: Handle | None = None,
+    ) -> ChatTurn:
+        turn = await self.engine.start_turn(prompt, scope, handle, request)
+        self._record(turn.report)
+        reused, rotated, prefilled = turn.counts()
+        self.metrics.record_tokens(reused, rotated, prefilled, turn.approximate_tokens)
+        fb = turn.report.fallback if turn.report else None
+        info = FallbackInfo(code=fb.code.value, message=fb.message) if fb else None
+        return ChatTurn(turn, session, info)
 
-        try:
-            prepared = await self.front.call(job)
-        except SpliceError as exc:
-            self.metrics.splices.labels("error", exc.code.value).inc()
-            raise APIError(_strict_status(exc.code), exc.code.value, exc.message, "leyline.directives") from exc
-        except CapacityError as exc:
-            raise APIError(503, "capacity", str(exc)) from exc
-        if prepared.report is not None:
-            fb = prepared.report.fallback
-            self.metrics.splices.labels("fallback" if fb else "applied", fb.code.value if fb else "").inc()
-            self.metrics.splice_ms.observe(prepared.report.splice_ms)
-            prepared.fallback = prepared.fallback or fb
-        if prepared.session is not None:
-            self.sessions.update(prepared.session, prepared.pinned)
-        elif ext is not None or self.config.auto_splice:
-            prepared.session = self.new_session(owner, prepared.pinned)
-        self.metrics.record_tokens(*prepared.counts())
-        return prepared
-
-    async def generate(self, prepared: Prepared, params: SamplingParams) -> AsyncIterator[GenerationStep]:
-        """Decode; the session (if any) ends with base = prompt + generated tokens."""
-        try:
-            async for step in self.front.stream(prepared.pinned, prepared.logits, params):
-                prepared.generated.append(step.token)
-                yield step
-        finally:
-            if prepared.session is None:
-                self.front.submit(self.engine.unpin, prepared.pinned)
-
-    def leyline_stats(self, prepared: Prepared) -> dict[str, Any]:
+    def result(self, chat: ChatTurn) -> LeylineResult:
         """The ``leyline`` field of a chat completion response."""
-        reused, rotated, prefilled = prepared.counts()
-        tokens = prepared.prompt + prepared.generated
-        fb = prepared.fallback
-        return {
-            "session_id": prepared.session.id if prepared.session else None,
-            "base": {"length": len(tokens), "digest": digest(tokens)},
-            "applied": fb is None,
-            "fallback": fb.model_dump(mode="json") if fb else None,
-            "auto_splice": prepared.auto_splice,
-            "reused_tokens": reused,
-            "rotated_tokens": rotated,
-            "prefilled_tokens": prefilled,
-            "completion_token_ids": list(prepared.generated),
-            "splice_ms": prepared.report.splice_ms if prepared.report else 0.0,
-        }
+        turn = chat.turn
+        reused, rotated, prefilled = turn.counts()
+        tokens = turn.prompt + turn.generated
+        report = turn.report
+        return LeylineResult(
+            session_id=chat.session.id if chat.session else None,
+            base=BaseRef(length=len(tokens), digest=digest(tokens)),
+            applied=chat.fallback is None,
+            fallback=chat.fallback,
+            auto_splice=chat.auto_splice,
+            reused_tokens=reused,
+            rotated_tokens=rotated,
+            prefilled_tokens=prefilled,
+            approximate_tokens=turn.approximate_tokens,
+            canary=report.canary if report else "skipped",
+            completion_token_ids=list(turn.generated),
+            splice_ms=report.splice_ms if report else 0.0,
+        )
 
     # -- sessions -----------------------------------------------------------------------------------
-    async def create_session(self, owner: str | None, tokens: list[int]) -> Session:
+    async def open_session(self, owner: str | None, tokens: list[int]) -> Session:
         """Prefill ``tokens`` and open a session on them."""
         if not tokens:
             raise APIError(400, "empty_session", "a session needs at least one token", "tokens")
-        if len(tokens) > self.config.max_context_tokens:
-            raise APIError(
-                400, "context_length_exceeded", f"more than {self.config.max_context_tokens} tokens", "tokens"
-            )
         self.check_tokens(tokens, "tokens")
-        try:
-            pinned, _, _ = await self.front.call(self.engine.prefill, tokens)
-        except CapacityError as exc:
-            raise APIError(503, "capacity", str(exc)) from exc
-        return self.new_session(owner, pinned)
+        session = self.sessions.open(owner, self.salt(owner))
+        async with self.sessions.use(session):
+            for attempt in range(2):
+                try:
+                    session.handle = await self.engine.open(tokens, session.scope)
+                    break
+                except CapacityError as exc:
+                    if attempt or not self.shed(len(tokens), keep=session):
+                        self.sessions.drop(session)
+                        raise APIError(503, "capacity", str(exc)) from exc
+        return session
 
     def get_session(self, session_id: str, owner: str | None) -> Session:
         """The caller's session or 404 (also for another key's session)."""
         session = self.sessions.get(session_id, owner)
         if session is None:
-            raise APIError(404, "session_not_found", "unknown or expired session", "session_id")
+            raise APIError(404, "session_not_found", f"unknown or expired session {session_id!r}", "session_id")
         return session
 
-    async def apply_directives(
-        self, session: Session, directives: list[Directive], base: BaseRef | None, strict: bool
-    ) -> SpliceReport:
+    async def splice_session(
+        self, session_id: str, owner: str | None, directives: list[Directive], base: BaseRef | None, strict: bool
+    ) -> tuple[Session, SpliceReport]:
         """Splice a session without generating."""
-        self.check_directives(directives)
+        self.check_directives(directives, "directives")
+        session = self.get_session(session_id, owner)
+        async with self.sessions.use(session):
+            handle, session.handle = session.handle, None
+            if handle is None:
+                raise APIError(404, "session_not_found", f"session {session_id!r} holds no cache", "session_id")
+            request = SpliceRequest(directives, base.length if base else None, base.digest if base else None, strict)
+            try:
+                session.handle, report = await self.engine.splice(handle, request)
+            except SpliceError as exc:
+                session.handle = handle
+                raise self._splice_error(exc, "directives") from exc
+            except CapacityError as exc:
+                self.sessions.drop(session)
+                raise APIError(503, "capacity", str(exc)) from exc
+        self._record(report)
+        self.metrics.record_tokens(report.reused_tokens, report.rotated_tokens, report.prefilled_tokens, 0)
+        return session, report
 
-        def job() -> tuple[Pinned, SpliceReport]:
-            return splice(
-                self.engine,
-                session.pinned,
-                directives,
-                base_length=base.length if base else None,
-                base_digest=base.digest if base else None,
-                strict=strict,
-            )
-
-        try:
-            pinned, report = await self.front.call(job)
-        except SpliceError as exc:
-            self.metrics.splices.labels("error", exc.code.value).inc()
-            raise APIError(_strict_status(exc.code), exc.code.value, exc.message, "directives") from exc
-        except CapacityError as exc:
-            raise APIError(503, "capacity", str(exc)) from exc
-        self.sessions.update(session, pinned)
-        fb = report.fallback
-        self.metrics.splices.labels("fallback" if fb else "applied", fb.code.value if fb else "").inc()
-        self.metrics.splice_ms.observe(report.splice_ms)
-        self.metrics.record_tokens(report.reused_tokens, report.rotated_tokens, report.prefilled_tokens)
-        return report
-
-    def shutdown(self) -> None:
-        """Release every session and stop the engine thread."""
+    async def shutdown(self) -> None:
+        """Release every session and stop the engine."""
         for session in self.sessions.all():
-            self.sessions.delete(session.id, session.owner)
-        self.front.shutdown()
+            self.sessions.drop(session)
+        await self.engine.close()

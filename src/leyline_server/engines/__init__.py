@@ -1,1 +1,1 @@
-"""Serving engines: embedded (default) and SGLang."""
+"""Engines: where the KV cache lives. ``base`` is the contract; ``factory`` builds one from flags."""

@@ -1,81 +1,117 @@
 """Embedded engine core: slot pool + radix prefix cache + transformers forward (synchronous).
 
-Everything here runs on one thread (``AsyncEngine`` in ``worker.py`` owns that thread). The
-primitives are the ones the splice planner needs:
+Everything here runs on one thread (:class:`~leyline_server.engines.embedded.serving.AsyncEmbeddedEngine`
+owns that thread). It implements :class:`~leyline_server.engines.base.SpliceBackend`:
 
-* ``match`` / ``commit`` — look a sequence up in the radix cache / insert it and pin it;
-* ``extend`` — run new tokens at given positions after a context of slots, storing their KV in
-  fresh slots (evicting unlocked cache if needed; ``CapacityError`` when even that is not enough);
-* ``generate`` — prefill with prefix reuse, then greedy or sampled decoding, step by step.
+* ``prefill`` — cache a sequence reusing the longest prefix cached in its scope;
+* ``begin`` / ``move`` / ``fill`` / ``canary`` / ``commit`` / ``abort`` — the splice stages,
+  over a growing slot list (``-1`` marks a position not staged yet);
+* ``decode`` — greedy or sampled decoding, one token per ``next()``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator
-from dataclasses import dataclass
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from pydantic import BaseModel, Field
 
+from leyline_sdk.directives import KeptRun
+from leyline_server.engines.base import (
+    SHARED,
+    CacheScope,
+    CanaryResult,
+    CapacityError,
+    GenerationStep,
+    Handle,
+    ModelInfo,
+    Prefilled,
+    SamplingParams,
+)
 from leyline_server.engines.embedded.cache_adapter import forward_with_slots, layer0_keys
 from leyline_server.engines.embedded.pool import SlotPool
 from leyline_server.engines.embedded.radix import Node, RadixCache
+from leyline_server.engines.embedded.sampling import Sampler
+from leyline_server.kernels import rotate_copy
 from leyline_server.rope import RopeSpec
 
-__all__ = ["Engine", "SamplingParams", "CapacityError", "Pinned", "GenerationStep"]
+__all__ = ["EmbeddedEngine", "Pinned", "CANARY_TOLERANCE"]
 
-
-class CapacityError(RuntimeError):
-    """The pool cannot hold the tokens, even after evicting every unlocked cache entry."""
-
-
-class SamplingParams(BaseModel):
-    """Decoding parameters (OpenAI semantics: temperature 0 is greedy)."""
-
-    max_tokens: int = Field(default=16, ge=0)
-    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = None
-    stop_token_ids: list[int] = Field(default_factory=list)
+CANARY_TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 3e-2}
 
 
 @dataclass
-class Pinned:
-    """A sequence whose first ``len(slots)`` tokens are cached on the locked radix path ``node``."""
+class Pinned(Handle):
+    """A handle whose cached tokens sit in ``slots`` on the locked radix path ending at ``node``."""
 
-    tokens: list[int]
+    slots: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
+    node: Node | None = None
+
+
+@dataclass
+class _Stage:
+    """A sequence under construction: its slots so far (``-1``: not staged) and what it allocated."""
+
     slots: torch.Tensor
-    node: Node
+    allocated: list[torch.Tensor] = field(default_factory=list)
+
+    def grow(self, n: int) -> None:
+        if n > self.slots.numel():
+            pad = torch.full((n - self.slots.numel(),), -1, dtype=torch.int64)
+            self.slots = torch.cat([self.slots, pad])
 
 
-@dataclass
-class GenerationStep:
-    """One decoded token (``finish_reason`` set on the last step)."""
-
-    token: int
-    finish_reason: str | None = None
+def _pinned(handle: Handle) -> Pinned:
+    if not isinstance(handle, Pinned):
+        raise TypeError(f"not a handle of the embedded engine: {type(handle).__name__}")
+    return handle
 
 
-class Engine:
-    """One model, one slot pool, one radix cache. Not thread-safe: use from one thread."""
+def _exact_after(handle_exact: int, handle_cached: int, length: int) -> int:
+    """Exact tokens of a sequence extended from a cached one: all of them iff the base was exact."""
+    return length if handle_exact >= handle_cached else handle_exact
+
+
+class EmbeddedEngine:
+    """One model, one slot pool, one radix cache. Not thread-safe: use from one thread.
+
+    ``rotation_budget``: how often one slot's key may be rotated before splices touching it are
+    refused (``drift_budget``).
+    """
 
     def __init__(
         self,
         model: Any,
         pool: SlotPool,
         spec: RopeSpec,
-        eos_token_ids: list[int] | None = None,
+        eos_token_ids: Sequence[int] = (),
         rotation_budget: int = 64,
+        name: str = "model",
+        max_context_tokens: int | None = None,
     ) -> None:
         self.model = model
         self.pool = pool
         self.spec = spec
         self.radix = RadixCache()
-        self.eos_token_ids = list(eos_token_ids or [])
-        self.rotation_budget = rotation_budget
-        self.vocab_size = int(model.config.vocab_size)
         self.in_flight: set[int] = set()
+        self.rotation_budget = rotation_budget
+        positions = int(getattr(model.config, "max_position_embeddings", 32_768) or 32_768)
+        self._info = ModelInfo(
+            name=name,
+            vocab_size=int(model.config.vocab_size),
+            eos_token_ids=tuple(eos_token_ids),
+            max_context_tokens=min(max_context_tokens or positions, positions, pool.capacity),
+            kv_capacity_tokens=pool.capacity,
+            shiftable=spec.shiftable,
+            unshiftable_reason=spec.reason,
+            engine="embedded",
+        )
+
+    @property
+    def info(self) -> ModelInfo:
+        """What the service needs to know about the model."""
+        return self._info
 
     # -- slots ----------------------------------------------------------------------------------
     def alloc(self, n: int) -> torch.Tensor:
@@ -88,117 +124,166 @@ class Engine:
         self.in_flight.update(slots.tolist())
         return slots
 
-    def release(self, slots: torch.Tensor) -> None:
+    def free(self, slots: torch.Tensor) -> None:
         """Give back slots this engine handed out and that no node took."""
         self.in_flight.difference_update(slots.tolist())
         self.pool.free(slots)
 
     def extend(
-        self, context: torch.Tensor, tokens: list[int], positions: torch.Tensor
+        self, context: torch.Tensor, tokens: Sequence[int], positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """KV for ``tokens`` at ``positions`` after ``context``: (new slots, logits per token)."""
         slots = self.alloc(len(tokens))
         try:
-            logits = forward_with_slots(self.model, self.pool, context, tokens, positions, slots)
+            logits = forward_with_slots(self.model, self.pool, context, list(tokens), positions, slots)
         except BaseException:
-            self.release(slots)
+            self.free(slots)
             raise
         return slots, logits
 
     # -- radix ----------------------------------------------------------------------------------
-    def match(self, tokens: list[int]) -> Pinned:
-        """The cached prefix of ``tokens``, locked."""
-        m = self.radix.match_prefix(tokens)
+    def match(self, tokens: Sequence[int], scope: CacheScope = SHARED) -> Pinned:
+        """The prefix of ``tokens`` cached in ``scope``, locked."""
+        m = self.radix.match_prefix(tokens, scope)
         self.radix.lock(m.node)
-        return Pinned(list(tokens), m.slots, m.node)
+        return Pinned(list(tokens), m.length, m.exact, scope, m.slots, m.node)
 
-    def commit(self, tokens: list[int], slots: torch.Tensor, previous: Pinned | None = None) -> Pinned:
-        """Insert ``tokens -> slots`` (slots now owned by the tree), lock it, unlock ``previous``."""
-        result = self.radix.insert(tokens[: len(slots)], slots)
+    def _commit(
+        self, tokens: Sequence[int], slots: torch.Tensor, scope: CacheScope, exact: int, previous: Handle | None
+    ) -> Pinned:
+        """Insert ``tokens[:len(slots)] -> slots`` (now owned by the tree), lock it, release ``previous``."""
+        n = len(slots)
+        exact = min(exact, n)
+        result = self.radix.insert(list(tokens[:n]), slots, scope, exact)
         self.in_flight.difference_update(slots.tolist())
         if result.duplicate_slots.numel():
             self.pool.free(result.duplicate_slots)
         self.radix.lock(result.node)
         if previous is not None:
-            self.radix.unlock(previous.node)
-        path = self.radix.path_slots(result.node)
-        return Pinned(list(tokens), path, result.node)
+            self.release(previous)
+        return Pinned(list(tokens), n, exact, scope, self.radix.path_slots(result.node), result.node)
 
-    def unpin(self, pinned: Pinned) -> None:
-        """Release a ``Pinned`` (its path becomes evictable)."""
-        self.radix.unlock(pinned.node)
-
-    def layer0_keys(self, tokens: list[int], positions: torch.Tensor) -> torch.Tensor:
-        """The model's own layer-0 cache rows for ``tokens`` at ``positions`` (the splice canary)."""
-        return layer0_keys(self.model, tokens, positions, self.pool.layout.mla_latent)
+    def release(self, handle: Handle) -> None:
+        """Unlock a handle's path (it becomes evictable)."""
+        node = _pinned(handle).node
+        if node is not None:
+            self.radix.unlock(node)
 
     def check_integrity(self) -> None:
         """Every slot free, owned by one node, or in flight — exactly once (tests call this)."""
         self.radix.check_integrity(self.pool.capacity, self.pool.free_slots(), self.in_flight)
 
     # -- prefill and decode ---------------------------------------------------------------------
-    def prefill(self, tokens: list[int], previous: Pinned | None = None) -> tuple[Pinned, torch.Tensor, int]:
-        """Cache ``tokens`` reusing the longest cached prefix: (pinned, last logits, reused count).
+    def prefill(self, tokens: Sequence[int], scope: CacheScope = SHARED, previous: Handle | None = None) -> Prefilled:
+        """Cache ``tokens`` reusing the longest prefix cached in ``scope``; ``state`` = last logits.
 
-        At least the last token is computed, so its logits are fresh.
+        At least the last token is computed, so its logits are fresh. An empty sequence gives an
+        empty handle (``state`` is ``None``).
         """
+        tokens = list(tokens)
+        hit = self.match(tokens[:-1], scope)
         if not tokens:
-            raise ValueError("cannot prefill an empty sequence")
-        hit = self.match(tokens[:-1])
+            if previous is not None:
+                self.release(previous)
+            return Prefilled(hit, 0, 0, None)
         try:
-            reused = len(hit.slots)
-            rest = tokens[reused:]
-            positions = torch.arange(reused, len(tokens))
-            new_slots, logits = self.extend(hit.slots, rest, positions)
-            pinned = self.commit(tokens, torch.cat([hit.slots, new_slots]))
+            rest = tokens[hit.cached :]
+            new_slots, logits = self.extend(hit.slots, rest, torch.arange(hit.cached, len(tokens)))
+            exact = _exact_after(hit.exact, hit.cached, len(tokens))
+            pinned = self._commit(tokens, torch.cat([hit.slots, new_slots]), scope, exact, previous)
         finally:
-            self.unpin(hit)
-        if previous is not None:
-            self.unpin(previous)
-        return pinned, logits[-1], reused
-
-    def _sample(self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-        if params.temperature < 1e-4:  # (near-)zero temperature is greedy; dividing would overflow
-            return int(torch.argmax(logits))
-        probs = torch.softmax(logits.double() / params.temperature, dim=-1)
-        if params.top_p < 1.0:
-            sorted_probs, order = torch.sort(probs, descending=True)
-            keep = torch.cumsum(sorted_probs, 0) - sorted_probs < params.top_p
-            probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
-        return int(torch.multinomial(probs, 1, generator=generator))
+            self.release(hit)
+        return Prefilled(pinned, hit.cached, hit.cached - hit.exact, logits[-1])
 
     def decode(
-        self, pinned: Pinned, logits: torch.Tensor, params: SamplingParams
+        self, handle: Handle, logits: torch.Tensor, params: SamplingParams
     ) -> Generator[GenerationStep, None, None]:
-        """Yield decoded tokens after ``pinned`` (whose last logits are ``logits``).
+        """Yield decoded tokens after ``handle`` (whose last logits are ``logits``).
 
         On exhaustion the generated tokens are committed to the cache (all but the last, which
-        has no KV yet) and ``pinned`` is updated in place; closing the iterator early (a
+        has no KV yet) and ``handle`` is updated in place; closing the iterator early (a
         cancelled request) commits what was generated so far.
         """
-        generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        pinned = _pinned(handle)
+        sampler = Sampler(params)
+        stops = Sampler.stops(params, self.info.eos_token_ids)
         context = pinned.slots
         generated: list[int] = []
         fresh: list[torch.Tensor] = []
-        stops = set(params.stop_token_ids) | set(self.eos_token_ids)
         try:
-            for step in range(params.max_tokens):
-                token = self._sample(logits, params, generator)
-                generated.append(token)
-                last = step == params.max_tokens - 1
-                if token in stops:
-                    yield GenerationStep(token, "stop")
+            for i in range(params.max_tokens):
+                step = sampler.step(logits)
+                generated.append(step.token)
+                if step.token in stops or i == params.max_tokens - 1:
+                    step.finish_reason = "stop" if step.token in stops else "length"
+                    yield step
                     return
-                if last:
-                    yield GenerationStep(token, "length")
-                    return
-                yield GenerationStep(token)
+                yield step
                 pos = torch.tensor([len(pinned.tokens) + len(generated) - 1])
-                slots, step_logits = self.extend(torch.cat([context, *fresh]), [token], pos)
+                slots, step_logits = self.extend(torch.cat([context, *fresh]), [step.token], pos)
                 fresh.append(slots)
                 logits = step_logits[-1]
         finally:
             tokens = pinned.tokens + generated
             slots = torch.cat([context, *fresh]) if fresh else context
-            new = self.commit(tokens, slots, previous=pinned)
-            pinned.tokens, pinned.slots, pinned.node = new.tokens, new.slots, new.node
+            exact = _exact_after(pinned.exact, pinned.cached, len(slots))
+            new = self._commit(tokens, slots, pinned.scope, exact, previous=pinned)
+            pinned.tokens, pinned.cached, pinned.exact = new.tokens, new.cached, new.exact
+            pinned.slots, pinned.node = new.slots, new.node
+
+    # -- splice stages (SpliceBackend) ------------------------------------------------------------
+    def rotation_counts(self, handle: Handle, positions: Sequence[int]) -> list[int] | None:
+        """How often the keys at ``positions`` of ``handle`` were rotated already."""
+        slots = _pinned(handle).slots[torch.as_tensor(list(positions), dtype=torch.long)]
+        return [int(x) for x in self.pool.rotations[slots].tolist()]
+
+    def begin(self, handle: Handle, keep: int) -> _Stage:
+        """A stage that keeps the first ``keep`` cached tokens of ``handle`` where they are."""
+        return _Stage(_pinned(handle).slots[:keep].clone())
+
+    def move(self, stage: _Stage, handle: Handle, runs: Sequence[KeptRun]) -> None:
+        """Copy-rotate ``runs`` of ``handle`` into fresh slots at their new positions (one kernel call)."""
+        pinned = _pinned(handle)
+        old = torch.cat([torch.arange(r.old_start, r.old_end) for r in runs])
+        new = torch.cat([torch.arange(r.new_start, r.new_start + r.old_end - r.old_start) for r in runs])
+        src = pinned.slots[old]
+        dst = self.alloc(src.numel())
+        stage.allocated.append(dst)
+        rotate_copy(self.pool.keys, src, dst, old, new, self.spec, values=self.pool.values)
+        self.pool.rotations[dst] = self.pool.rotations[src] + (new != old).int()
+        stage.grow(int(new.max()) + 1)
+        stage.slots[new] = dst
+
+    def fill(self, stage: _Stage, at: int, tokens: Sequence[int]) -> None:
+        """Compute ``tokens`` at positions ``[at, ...)`` attending to the staged ``[0, at)``."""
+        context = stage.slots[:at]
+        if context.numel() != at or bool((context < 0).any()):
+            raise AssertionError(f"fill at {at} over a hole in the staged sequence")
+        slots, _ = self.extend(context, tokens, torch.arange(at, at + len(tokens)))
+        stage.allocated.append(slots)
+        stage.grow(at + len(tokens))
+        stage.slots[at : at + len(tokens)] = slots
+
+    def canary(self, stage: _Stage, positions: Sequence[int], tokens: Sequence[int]) -> CanaryResult:
+        """Compare staged layer-0 keys at ``positions`` with the model's own keys for ``tokens``."""
+        if not positions:
+            return CanaryResult(False)
+        pos = torch.as_tensor(list(positions), dtype=torch.long)
+        expected = layer0_keys(self.model, list(tokens), pos, self.pool.layout.mla_latent)
+        actual = self.pool.keys[0].index_select(0, stage.slots[pos]).float()
+        error = (actual - expected).abs().max().item() / max(expected.abs().max().item(), 1e-6)
+        return CanaryResult(True, error, CANARY_TOLERANCE.get(self.pool.dtype, 1e-2))
+
+    def commit(self, stage: _Stage, tokens: Sequence[int], exact: int, previous: Handle) -> Pinned:
+        """Cache the staged sequence as ``tokens`` under ``previous``'s scope and release ``previous``."""
+        n = min(len(tokens), stage.slots.numel())
+        slots = stage.slots[:n]
+        if bool((slots < 0).any()):
+            raise AssertionError("commit over a hole in the staged sequence")
+        return self._commit(tokens, slots, previous.scope, exact, previous)
+
+    def abort(self, stage: _Stage) -> None:
+        """Give back every slot the stage allocated."""
+        for slots in stage.allocated:
+            self.free(slots)
+        stage.allocated.clear()

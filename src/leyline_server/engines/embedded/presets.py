@@ -1,4 +1,4 @@
-"""Model presets (no download) and loading of local checkpoints into an :class:`Engine`.
+"""Model presets (no download) and loading of local checkpoints into an :class:`EmbeddedEngine`.
 
 Presets are tiny random models built from configs with fixed seeds, paired with the project's
 tokenizer: ``tiny-mla`` (DeepSeek-V2 style MLA), ``tiny-mla-v3`` (DeepSeek-V3 style,
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from leyline_server.engines.embedded.engine import Engine
+from leyline_server.engines.embedded.engine import EmbeddedEngine
 from leyline_server.engines.embedded.pool import SlotPool, layout_from_config
 from leyline_server.rope import rope_spec_from_config
 from leyline_server.tiny_models import YARN, build_model, tiny_config
@@ -41,8 +41,10 @@ def load_engine(
     dtype: torch.dtype = torch.float32,
     layers: int = 2,
     seed: int = 0,
+    name: str | None = None,
+    max_context_tokens: int | None = None,
     **overrides: Any,
-) -> tuple[Engine, Any]:
+) -> tuple[EmbeddedEngine, Any]:
     """An engine and its tokenizer for a preset name or a local checkpoint folder."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -60,4 +62,12 @@ def load_engine(
     layout = layout_from_config(net.config)
     pool = SlotPool.from_budget(layout, kv_budget_mb, dtype=dtype)
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    return Engine(net, pool, rope_spec_from_config(net.config), eos_token_ids=eos), tokenizer
+    engine = EmbeddedEngine(
+        net,
+        pool,
+        rope_spec_from_config(net.config),
+        eos_token_ids=eos,
+        name=name or model,
+        max_context_tokens=max_context_tokens,
+    )
+    return engine, tokenizer

@@ -1,8 +1,11 @@
-"""Run a Leyline server (or any ASGI app) on a loopback port in a background thread.
+"""Run a Leyline server in-process, on a loopback port, in a background thread.
 
-For examples, the demo and tests: the real uvicorn server, the real HTTP protocol, in-process::
+For notebooks, examples, the demo and tests: the real uvicorn server and the real HTTP protocol,
+without a second process::
 
-    with serve_in_thread(build_service("tiny-mla")) as base_url:
+    from leyline_server.local import local_service, serve_in_thread
+
+    with serve_in_thread(local_service("tiny-mla")) as base_url:
         client = AsyncLeyline(base_url=base_url + "/v1")
 """
 
@@ -15,7 +18,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["free_port", "make_service", "serve_in_thread"]
+__all__ = ["free_port", "local_service", "serve_in_thread"]
 
 
 def free_port() -> int:
@@ -25,14 +28,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def make_service(model: str = "tiny-mla", layers: int = 2, kv_budget_mb: float = 8.0, **config: Any) -> Any:
-    """A :class:`LeylineService` on the embedded engine (presets need no download)."""
-    from leyline_server.api.service import LeylineService, ServerConfig
-    from leyline_server.engines.embedded.presets import load_engine
+def local_service(
+    model: str = "tiny-mla", layers: int = 2, kv_budget_mb: float = 8.0, engine: str = "embedded", **config: Any
+) -> Any:
+    """A :class:`~leyline_server.api.service.LeylineService` for ``model`` (presets need no download).
 
-    engine, tokenizer = load_engine(model, kv_budget_mb=kv_budget_mb, layers=layers)
-    settings = {"model_name": model, "max_context_tokens": 4096, "default_max_tokens": 16, **config}
-    return LeylineService(engine, tokenizer, ServerConfig(**settings))
+    ``config`` overrides :class:`~leyline_server.api.service.ServerConfig` fields; by default the
+    context is 4,096 tokens and a request without ``max_tokens`` generates at most 16.
+    """
+    from leyline_server.api.service import LeylineService, ServerConfig
+    from leyline_server.engines.factory import build_engine
+
+    settings: dict[str, Any] = {"model_name": model, "max_context_tokens": 4096, "default_max_tokens": 16, **config}
+    built, tokenizer = build_engine(
+        engine,
+        model,
+        kv_budget_mb=kv_budget_mb,
+        preset_layers=layers,
+        max_context_tokens=settings["max_context_tokens"],
+    )
+    return LeylineService(built, tokenizer, ServerConfig(**settings))
 
 
 @contextlib.contextmanager

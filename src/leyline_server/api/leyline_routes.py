@@ -1,0 +1,89 @@
+"""The Leyline routes: ``/v1/leyline/tokenize`` and the sessions API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from leyline_sdk.wire import BaseRef, DirectivesResult, FallbackInfo, SessionInfo
+from leyline_server.api.deps import Owner, Service
+from leyline_server.api.errors import APIError
+from leyline_server.api.schemas import DirectivesRequest, SessionCreateRequest, TokenizeRequest
+from leyline_server.sessions import Session
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1/leyline")
+
+
+def _info(session: Session, with_tokens: bool) -> dict[str, Any]:
+    info = SessionInfo(
+        id=session.id,
+        base=BaseRef(length=len(session.tokens), digest=session.digest),
+        tokens=session.tokens if with_tokens else None,
+    )
+    return info.model_dump(mode="json", exclude_none=True)
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, _: Owner, service: Service) -> dict[str, Any]:
+    """Messages (+ tools) -> token ids, each message's span, and whether the template is prefix-stable."""
+    rendered = service.render(body.messages, body.tools, body.add_generation_prompt)
+    return {
+        "tokens": rendered.tokens,
+        "message_spans": [{"start": s.start, "end": s.end} for s in rendered.message_spans],
+        "prefix_stable": rendered.prefix_stable,
+        "unstable_reason": rendered.unstable_reason,
+    }
+
+
+@router.post("/sessions")
+async def create_session(body: SessionCreateRequest, key: Owner, service: Service) -> dict[str, Any]:
+    """Open a session from ``messages`` or ``tokens`` (prefilled now)."""
+    if (body.messages is None) == (body.tokens is None):
+        raise APIError(400, "invalid_request", "give exactly one of 'messages' and 'tokens'")
+    tokens = body.tokens if body.tokens is not None else service.render(body.messages or [], body.tools, False).tokens
+    return _info(await service.open_session(key, tokens), with_tokens=True)
+
+
+@router.get("/sessions/{session_id}")
+async def get_session(session_id: str, key: Owner, service: Service) -> dict[str, Any]:
+    """A session's base (length, digest, tokens)."""
+    return _info(service.get_session(session_id, key), with_tokens=True)
+
+
+@router.delete("/sessions/{session_id}")
+async def delete_session(session_id: str, key: Owner, service: Service) -> dict[str, Any]:
+    """Close a session (its KV becomes ordinary evictable cache)."""
+    session = service.get_session(session_id, key)
+    async with service.sessions.use(session):
+        pass  # wait for requests in flight on it
+    service.sessions.drop(session)
+    return {"id": session_id, "object": "leyline.session.deleted", "deleted": True}
+
+
+@router.post("/sessions/{session_id}/directives")
+async def directives(
+    session_id: str,
+    body: DirectivesRequest,
+    key: Owner,
+    service: Service,
+) -> dict[str, Any]:
+    """Splice a session without generating (e.g. while a tool runs)."""
+    session, report = await service.splice_session(session_id, key, body.directives, body.base, body.strict)
+    result = DirectivesResult(
+        id=session.id,
+        base=BaseRef(length=len(session.tokens), digest=session.digest),
+        applied=report.applied,
+        fallback=FallbackInfo(code=report.fallback.code.value, message=report.fallback.message)
+        if report.fallback
+        else None,
+        reused_tokens=report.reused_tokens,
+        rotated_tokens=report.rotated_tokens,
+        prefilled_tokens=report.prefilled_tokens,
+        approximate_tokens=max(0, len(session.tokens) - (session.handle.exact if session.handle else 0)),
+        canary=report.canary,
+        splice_ms=report.splice_ms,
+    )
+    return result.model_dump(mode="json")

@@ -1,0 +1,18 @@
+"""Splicing: the pure plan, its executor over any engine, and the report with its fallback codes."""
+
+from leyline_server.splice.execute import splice, validate
+from leyline_server.splice.plan import Fill, SplicePlan, plan_splice
+from leyline_server.splice.report import Fallback, FallbackCode, SpliceError, SpliceReport, strict_status
+
+__all__ = [
+    "Fallback",
+    "FallbackCode",
+    "Fill",
+    "SpliceError",
+    "SpliceReport",
+    "SplicePlan",
+    "plan_splice",
+    "splice",
+    "strict_status",
+    "validate",
+]
