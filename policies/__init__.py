@@ -1,6 +1,18 @@
-"""Leyline policies: decide which messages to stub or redact; they know nothing of tokens or KV."""
+"""Leyline policies: decide which messages to stub or redact; they know nothing of tokens or KV.
 
-from leyline_policies.base import Conversation, Edit, FunctionPolicy, Policy, PolicyBase, apply_edits, as_policy
+``Mode`` is re-exported from ``leyline_sdk.directives`` (the one definition).
+"""
+
+from leyline_policies.base import (
+    Conversation,
+    Edit,
+    FunctionPolicy,
+    Mode,
+    Policy,
+    PolicyBase,
+    apply_edits,
+    as_policy,
+)
 from leyline_policies.budget import TokenBudget
 from leyline_policies.chain import Chain
 from leyline_policies.redact import Redact
@@ -12,6 +24,7 @@ from leyline_policies.truncate import TruncateOlderThanN
 __all__ = [
     "Conversation",
     "Edit",
+    "Mode",
     "Policy",
     "PolicyBase",
     "FunctionPolicy",

@@ -9,7 +9,8 @@ A policy looks at the conversation and proposes edits; it knows nothing of token
 Edits keep the conversation well-formed: an edit replaces a message's *content* (a stub), never
 removes a message, so every tool result still answers its tool call. Plain functions
 ``(Conversation) -> list[Edit]`` are policies too (:func:`as_policy`), and policies compose with
-``|`` into a :class:`~leyline_policies.chain.Chain`.
+``|`` into a :class:`~leyline_policies.chain.Chain`. ``Mode`` is the SDK's
+(``leyline_sdk.directives``, the pure directive algebra: the only SDK module policies use).
 """
 
 from __future__ import annotations
@@ -17,11 +18,31 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from functools import cached_property
+from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Conversation", "Edit", "Policy", "PolicyBase", "FunctionPolicy", "as_policy", "apply_edits", "content_text"]
+from leyline_sdk.directives import Mode
 
-Mode = Literal["amortize", "forget"]
+__all__ = [
+    "Conversation",
+    "Edit",
+    "Mode",
+    "Policy",
+    "PolicyBase",
+    "FunctionPolicy",
+    "as_policy",
+    "apply_edits",
+    "content_text",
+    "as_mode",
+]
+
+
+def as_mode(mode: Mode | str) -> Mode:
+    """``Mode.AMORTIZE`` / ``Mode.FORGET`` from the enum or its value (``ValueError`` naming both)."""
+    try:
+        return Mode(mode)
+    except ValueError:
+        raise ValueError(f"mode must be 'amortize' or 'forget', got {mode!r}") from None
 
 
 def content_text(message: Mapping[str, Any]) -> str:
@@ -72,9 +93,19 @@ class Conversation:
                 args = {"arguments": args}
         return str(fn.get("name", "tool")), args if isinstance(args, dict) else {"arguments": args}
 
+    @cached_property
+    def _assistants_after(self) -> list[int]:
+        """``[i]``: assistant messages strictly after message ``i`` (one pass, computed once)."""
+        counts = [0] * len(self.messages)
+        running = 0
+        for i in range(len(self.messages) - 1, -1, -1):
+            counts[i] = running
+            running += self.messages[i].get("role") == "assistant"
+        return counts
+
     def assistant_turns_after(self, index: int) -> int:
         """Assistant messages strictly after ``index``."""
-        return sum(1 for m in self.messages[index + 1 :] if m.get("role") == "assistant")
+        return self._assistants_after[index]
 
     def calling_turn(self, index: int) -> int:
         """Index of the assistant message whose call tool message ``index`` answers (else ``index``)."""
@@ -87,14 +118,21 @@ class Conversation:
 
 @dataclass(frozen=True)
 class Edit:
-    """Replace message ``index``'s content by ``replacement``, realised per ``mode``."""
+    """Replace message ``index``'s content by ``replacement``, realised per ``mode``.
+
+    ``mode`` is a :class:`~leyline_sdk.directives.Mode`; the strings ``"amortize"`` and
+    ``"forget"`` are accepted and normalised to it.
+    """
 
     index: int
     replacement: str
-    mode: Mode = "amortize"
+    mode: Mode = Mode.AMORTIZE
     reason: str = ""
     policy: str = ""
     removed_chars: int = field(default=0, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", as_mode(self.mode))
 
 
 @runtime_checkable

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from leyline_policies.base import Conversation, Edit, Policy, PolicyBase, apply_edits, as_policy
+from leyline_policies.base import Conversation, Edit, Mode, Policy, PolicyBase, apply_edits, as_policy
 
 __all__ = ["Chain"]
 
@@ -35,8 +35,8 @@ class Chain(PolicyBase):
             edits = policy.propose(current)
             for e in edits:
                 earlier = merged.get(e.index)
-                if earlier is not None and earlier.mode == "forget" and e.mode != "forget":
-                    e = Edit(e.index, e.replacement, "forget", e.reason, e.policy, e.removed_chars)
+                if earlier is not None and earlier.mode is Mode.FORGET and e.mode is not Mode.FORGET:
+                    e = Edit(e.index, e.replacement, Mode.FORGET, e.reason, e.policy, e.removed_chars)
                 merged[e.index] = e
             if edits:
                 current = Conversation(tuple(apply_edits(current.messages, edits)), current.tools)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from leyline_policies.base import Conversation, Edit, PolicyBase, content_text
+from leyline_policies.base import Conversation, Edit, Mode, PolicyBase, content_text
 
 __all__ = ["Redact"]
 
@@ -49,6 +49,6 @@ class Redact(PolicyBase):
                 redacted = pattern.sub(self.placeholder, redacted)
             if redacted != text:
                 edits.append(
-                    Edit(i, redacted, "forget", "matched a redaction pattern", self.name, len(text) - len(redacted))
+                    Edit(i, redacted, Mode.FORGET, "matched a redaction pattern", self.name, len(text) - len(redacted))
                 )
         return edits

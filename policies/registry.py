@@ -1,4 +1,9 @@
-"""Policy names for configuration: built-ins plus the ``leyline.policies`` entry-point group."""
+"""Policy names for configuration: built-ins plus the ``leyline.policies`` entry-point group.
+
+Names are snake_case (``truncate_older_than_n``); the kebab-case spelling users write in
+configuration (``truncate-older-than-n``) names the same policy everywhere: in
+:func:`load_policy`, in :func:`register` and for entry points.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +11,26 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any, TypeVar
 
-__all__ = ["register", "load_policy", "available_policies"]
+__all__ = ["register", "load_policy", "available_policies", "canonical_name"]
 
 T = TypeVar("T")
 _REGISTRY: dict[str, Callable[..., Any]] = {}
 GROUP = "leyline.policies"
 
 
+def canonical_name(name: str) -> str:
+    """The registry's spelling of a policy name: ``stale-tool-detector`` -> ``stale_tool_detector``."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"a policy name must be a non-empty string, got {name!r}")
+    return name.strip().replace("-", "_")
+
+
 def register(name: str) -> Callable[[T], T]:
     """Class or factory decorator: make it loadable as ``load_policy(name)``; returns it unchanged."""
+    key = canonical_name(name)
 
     def decorate(obj: T) -> T:
-        _REGISTRY[name] = obj  # type: ignore[assignment]
+        _REGISTRY[key] = obj  # type: ignore[assignment]
         return obj
 
     return decorate
@@ -40,16 +53,20 @@ def _builtins() -> dict[str, Callable[..., Any]]:
 
 
 def available_policies() -> list[str]:
-    """Every loadable name (built-in, registered, or from installed entry points)."""
-    names = set(_builtins()) | set(_REGISTRY) | {ep.name for ep in entry_points(group=GROUP)}
+    """Every loadable name, canonical (built-in, registered, or from installed entry points)."""
+    names = set(_builtins()) | set(_REGISTRY) | {canonical_name(ep.name) for ep in entry_points(group=GROUP)}
     return sorted(names)
 
 
 def load_policy(name: str, **kwargs: Any) -> Any:
-    """Build the policy called ``name`` with ``kwargs`` (``KeyError`` listing the known names)."""
-    factory = _REGISTRY.get(name) or _builtins().get(name)
+    """Build the policy called ``name`` (snake or kebab case) with ``kwargs``.
+
+    Unknown names raise ``KeyError`` listing the known ones.
+    """
+    key = canonical_name(name)
+    factory = _REGISTRY.get(key) or _builtins().get(key)
     if factory is None:
-        matches = [ep for ep in entry_points(group=GROUP) if ep.name == name]
+        matches = [ep for ep in entry_points(group=GROUP) if canonical_name(ep.name) == key]
         if not matches:
             raise KeyError(f"unknown policy {name!r}; known: {available_policies()}")
         factory = matches[0].load()

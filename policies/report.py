@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from leyline_policies.base import Conversation, Edit, Policy, apply_edits
+from leyline_policies.base import Conversation, Edit, Mode, Policy, apply_edits
 from leyline_policies.chain import Chain
 
 __all__ = ["ClearedItem", "EditReport", "run_policies"]
@@ -19,7 +19,7 @@ class ClearedItem(BaseModel):
     index: int
     policy: str
     reason: str
-    mode: str
+    mode: Mode
     removed_chars: int
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from leyline_policies.base import Conversation, Edit, Mode, PolicyBase, content_text
+from leyline_policies.base import Conversation, Edit, Mode, PolicyBase, as_mode, content_text
 from leyline_policies.stubs import is_stub, tool_stub
 
 __all__ = ["StaleToolDetector", "looks_failed"]
@@ -49,14 +49,14 @@ class StaleToolDetector(PolicyBase):
         resource_keys: Mapping[str, str | Callable[[dict[str, Any]], Any]] | None = None,
         exclude_tools: Iterable[str] = (),
         is_failure: Callable[[str], bool] = looks_failed,
-        mode: Mode = "amortize",
+        mode: Mode | str = Mode.AMORTIZE,
     ) -> None:
         self.read_tools = frozenset(read_tools)
         self.write_tools = frozenset(write_tools)
         self.resource_keys = dict(resource_keys or {})
         self.exclude_tools = frozenset(exclude_tools)
         self.is_failure = is_failure
-        self.mode = mode
+        self.mode = as_mode(mode)
         overlap = self.read_tools & self.write_tools
         if overlap:
             raise ValueError(f"tools cannot be both read and write tools: {sorted(overlap)}")

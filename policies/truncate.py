@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from leyline_policies.base import Conversation, Edit, Mode, PolicyBase, content_text
+from leyline_policies.base import Conversation, Edit, Mode, PolicyBase, as_mode, content_text
 from leyline_policies.stubs import is_stub, tool_stub
 
 __all__ = ["TruncateOlderThanN"]
@@ -23,7 +23,7 @@ class TruncateOlderThanN(PolicyBase):
     name = "truncate_older_than_n"
 
     def __init__(
-        self, n: int = 2, exclude_tools: Iterable[str] = (), min_chars: int = 0, mode: Mode = "amortize"
+        self, n: int = 2, exclude_tools: Iterable[str] = (), min_chars: int = 0, mode: Mode | str = Mode.AMORTIZE
     ) -> None:
         if n < 1:
             raise ValueError("n must be >= 1")
@@ -32,7 +32,7 @@ class TruncateOlderThanN(PolicyBase):
         self.n = n
         self.exclude_tools = frozenset(exclude_tools)
         self.min_chars = min_chars
-        self.mode = mode
+        self.mode = as_mode(mode)
 
     def propose(self, conversation: Conversation) -> list[Edit]:
         """One stub edit per old, not yet evicted, tool output."""

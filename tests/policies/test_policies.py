@@ -10,6 +10,7 @@ from leyline_policies import (
     Chain,
     Conversation,
     Edit,
+    Mode,
     Redact,
     StaleToolDetector,
     TokenBudget,
@@ -164,6 +165,39 @@ def test_functions_are_policies_and_registry_returns_what_it_registers():
     assert "my_policy" in available_policies()
     with pytest.raises(KeyError, match="unknown policy"):
         load_policy("nope")
+
+
+def test_policy_names_accept_kebab_case_and_list_canonical_names():
+    assert isinstance(load_policy("truncate-older-than-n", n=3), TruncateOlderThanN)
+    assert load_policy("truncate-older-than-n", n=3).n == 3
+    assert isinstance(load_policy("stale-tool-detector"), StaleToolDetector)
+    assert isinstance(load_policy("stale_tool_detector"), StaleToolDetector)
+
+    @register("drop-everything")
+    def drop_everything(**_):
+        return TruncateOlderThanN(1)
+
+    assert isinstance(load_policy("drop_everything"), TruncateOlderThanN)
+    names = available_policies()
+    assert {"truncate_older_than_n", "stale_tool_detector", "token_budget", "redact", "drop_everything"} <= set(names)
+    assert not any("-" in name for name in names)
+    with pytest.raises(KeyError, match="unknown policy 'no-such-policy'"):
+        load_policy("no-such-policy")
+
+
+def test_mode_is_the_sdk_enum_and_strings_are_normalised():
+    from leyline_sdk.directives import Mode as SdkMode
+
+    assert Mode is SdkMode
+    assert Edit(0, "x", "forget").mode is Mode.FORGET
+    assert Edit(0, "x").mode is Mode.AMORTIZE
+    assert TruncateOlderThanN(2, mode="forget").mode is Mode.FORGET
+    assert all(e.mode is Mode.FORGET for e in TruncateOlderThanN(2, mode="forget").propose(conv()))
+    assert all(e.mode is Mode.FORGET for e in Redact([r"\d"]).propose(conv()))
+    with pytest.raises(ValueError, match="mode must be 'amortize' or 'forget'"):
+        Edit(0, "x", "erase")
+    with pytest.raises(ValueError, match="mode must be"):
+        StaleToolDetector(mode="sometimes")
 
 
 def test_run_policies_keeps_earlier_edits_sticky_and_reports_only_new_ones():
