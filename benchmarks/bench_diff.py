@@ -14,9 +14,9 @@ import random
 import statistics
 import time
 
+from leyline_sdk.diff import diff_to_directives
 from leyline_sdk.directives import apply
 from leyline_sdk.rendering import HFChatTokenizer
-from leyline_sdk.spans import diff_to_directives
 from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
 
 WORDS = "def return import file line error test value path result output self class data".split()

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import json
 
+from leyline_sdk.diff import diff_to_directives
 from leyline_sdk.directives import Mode, apply, digest, position_map
 from leyline_sdk.rendering import HFChatTokenizer
-from leyline_sdk.spans import diff_to_directives
 from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
+from leyline_server.engines.base import CacheScope, SpliceRequest
 from leyline_server.engines.embedded.presets import load_engine
 from leyline_server.splice import splice
 
@@ -82,8 +83,9 @@ def main() -> None:
     stub_only = [d for d in directives if d.mode is Mode.AMORTIZE]
     for label, ds in (("stub (amortize)", stub_only), ("stub + redaction (forget)", directives)):
         engine, _ = load_engine("tiny-mla", kv_budget_mb=16, layers=4)
-        pinned, _, _ = engine.prefill(old.tokens)
-        pinned, report = splice(engine, pinned, ds)
+        session = CacheScope(private="walkthrough")  # rotated KV is private to the session that asked
+        pinned = engine.prefill(old.tokens, session).handle
+        pinned, report = splice(engine, pinned, SpliceRequest(ds))
         engine.check_integrity()
         assert pinned.tokens == apply(old.tokens, ds)
         print(

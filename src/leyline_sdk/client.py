@@ -2,32 +2,40 @@
 
 ::
 
-    client = AsyncLeyline(base_url="http://localhost:8000/v1", api_key="...", policies=[TruncateOlderThanN(2)])
-    response = await client.chat.completions.create(model="m", messages=messages, tools=tools)
-    response.leyline            # session id, reused / rotated / prefilled tokens, fallback
+    async with AsyncLeyline(base_url="http://localhost:8000/v1", policies=[TruncateOlderThanN(2)]) as client:
+        response = await client.chat.completions.create(model="m", messages=messages, tools=tools)
+        response.leyline            # session id, reused / rotated / prefilled tokens, fallback
 
-Sessions are explicit (``client.session(...)``) or found by the longest known message prefix:
-a request whose messages extend a session's full history continues that session. Against a
-server without Leyline (no ``/v1/leyline/tokenize``) the client still works: policies shorten the
-context, and no extension is sent. ``Leyline`` is the blocking facade for synchronous code.
+Sessions are cache handles, explicit (``client.session(...)``) or found by the longest known
+message prefix: a request whose messages extend a session's full history continues that session.
+The client remembers at most ``max_sessions`` of them (least recently used first out; a forgotten
+session's server-side session is deleted at the client's next call), and deletes the server-side
+sessions of all it remembers on ``aclose()`` / ``async with`` exit. Against a server without
+Leyline (no ``/v1/leyline/tokenize``) the client still works: policies shorten the context, and
+no extension is sent. ``Leyline`` is the blocking facade for synchronous code.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from typing import Any, Literal, overload
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
+from typing import Any, Literal, TypeVar, overload
 
 import httpx
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from leyline_sdk.errors import NotFoundError
-from leyline_sdk.rendering import ChatTokenizer, RenderedConversation, Span
+from leyline_sdk.errors import LeylineError
+from leyline_sdk.renderer import LeylineProbe, LocalRenderer, Renderer, ServerRenderer
+from leyline_sdk.rendering import ChatTokenizer
 from leyline_sdk.session import LeylineSession
 from leyline_sdk.transport import Transport
+from leyline_sdk.validation import check_messages, check_model, check_tools
 
 __all__ = ["AsyncLeyline", "Leyline"]
+
+T = TypeVar("T")
 
 
 class _Completions:
@@ -48,8 +56,13 @@ class _Completions:
         self, *, model: str, messages: Sequence[Mapping[str, Any]], stream: bool = False, **kwargs: Any
     ) -> ChatCompletion | AsyncIterator[ChatCompletionChunk]:
         """Like ``openai``'s: same arguments, same return types; the session is found or made."""
-        session = self._client.find_session(messages) or self._client.session()
-        return await session.create(model=model, messages=messages, stream=stream, **kwargs)
+        check_model(model)
+        history = check_messages(messages)
+        if "tools" in kwargs:
+            kwargs["tools"] = check_tools(kwargs["tools"])
+        await self._client.reap()
+        session = self._client.find_session(history) or self._client.session()
+        return await session.create(model=model, messages=history, stream=stream, **kwargs)
 
 
 class _Chat:
@@ -70,14 +83,30 @@ class AsyncLeyline:
         max_retries: int = 2,
         timeout: float = 600.0,
         http_client: httpx.AsyncClient | None = None,
+        max_sessions: int = 256,
     ) -> None:
+        if max_sessions < 1:
+            raise ValueError("max_sessions must be >= 1")
         self.transport = Transport(base_url, api_key, timeout=timeout, max_retries=max_retries, http_client=http_client)
+        self.probe = LeylineProbe(self.transport)
         self.policies = list(policies)
         self.tokenizer = tokenizer
         self.strict = strict
+        self.max_sessions = max_sessions
         self.chat = _Chat(self)
-        self.sessions: list[LeylineSession] = []
-        self._leyline: bool | None = None
+        self._sessions: OrderedDict[int, LeylineSession] = OrderedDict()  # LRU: least recent first
+        self._evicted: list[LeylineSession] = []
+
+    @property
+    def sessions(self) -> list[LeylineSession]:
+        """The sessions the client remembers, least recently used first."""
+        return list(self._sessions.values())
+
+    def renderer(self) -> Renderer:
+        """A renderer for one new session: the local tokenizer if given, else the server's."""
+        if self.tokenizer is not None:
+            return LocalRenderer(self.tokenizer, self.probe)
+        return ServerRenderer(self.transport, self.probe)
 
     def session(
         self,
@@ -87,49 +116,48 @@ class AsyncLeyline:
     ) -> LeylineSession:
         """A new explicit session (defaults: the client's policies and strictness)."""
         session = LeylineSession(
-            self, self.policies if policies is None else policies, self.strict if strict is None else strict, tools
+            self.transport,
+            self.renderer(),
+            self.policies if policies is None else policies,
+            self.strict if strict is None else strict,
+            tools,
+            on_use=self._touch,
         )
-        self.sessions.append(session)
+        self._touch(session)
         return session
 
+    def _touch(self, session: LeylineSession) -> None:
+        """Mark ``session`` most recently used; forget the least recent beyond ``max_sessions``."""
+        self._sessions[id(session)] = session
+        self._sessions.move_to_end(id(session))
+        while len(self._sessions) > self.max_sessions:
+            _, evicted = self._sessions.popitem(last=False)
+            self._evicted.append(evicted)
+
     def find_session(self, messages: Sequence[Mapping[str, Any]]) -> LeylineSession | None:
-        """The session whose full history is the longest prefix of ``messages``."""
-        best = max(self.sessions, key=lambda s: s.matches(messages), default=None)
-        return best if best is not None and best.matches(messages) > 0 else None
+        """The remembered session whose full history is the longest prefix of ``messages``."""
+        best, best_n = None, 0
+        for session in self._sessions.values():
+            n = session.matches(messages)
+            if n > best_n:
+                best, best_n = session, n
+        if best is not None:
+            self._touch(best)
+        return best
 
-    async def leyline_available(self) -> bool:
-        """Whether the server speaks Leyline (probed once through ``/leyline/tokenize``)."""
-        if self._leyline is None:
-            try:
-                await self.transport.request(
-                    "POST", "/leyline/tokenize", {"messages": [{"role": "user", "content": ""}]}
-                )
-                self._leyline = True
-            except NotFoundError:
-                self._leyline = False
-        return self._leyline
-
-    async def render(
-        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None, generation: bool = True
-    ) -> RenderedConversation:
-        """Tokens and spans of ``messages``: the local tokenizer if given, else the server's view."""
-        if self.tokenizer is not None:
-            return self.tokenizer.render(messages, tools=tools, add_generation_prompt=generation)
-        body = {
-            "messages": list(messages),
-            "tools": list(tools) if tools else None,
-            "add_generation_prompt": generation,
-        }
-        r = await self.transport.request("POST", "/leyline/tokenize", body)
-        return RenderedConversation(
-            tokens=r["tokens"],
-            message_spans=[Span(**s) for s in r["message_spans"]],
-            prefix_stable=r["prefix_stable"],
-            unstable_reason=r.get("unstable_reason"),
-        )
+    async def reap(self) -> None:
+        """Delete the server-side sessions of sessions the client forgot (best effort)."""
+        evicted, self._evicted = self._evicted, []
+        for session in evicted:
+            if id(session) not in self._sessions:
+                await _close_quietly(session)
 
     async def aclose(self) -> None:
-        """Close the HTTP client."""
+        """Delete every remembered session on the server (404s and errors ignored), then close HTTP."""
+        await self.reap()
+        sessions, self._sessions = list(self._sessions.values()), OrderedDict()
+        for session in sessions:
+            await _close_quietly(session)
         await self.transport.aclose()
 
     async def __aenter__(self) -> AsyncLeyline:
@@ -139,16 +167,29 @@ class AsyncLeyline:
         await self.aclose()
 
 
+async def _close_quietly(session: LeylineSession) -> None:
+    """``session.aclose()``; a server that is gone or refuses must not fail a client's close."""
+    try:
+        await session.aclose()
+    except LeylineError:
+        pass
+
+
 class _SyncCompletions:
     def __init__(self, owner: Leyline) -> None:
         self._owner = owner
 
     def create(self, **kwargs: Any) -> ChatCompletion | Iterator[ChatCompletionChunk]:
         """Blocking ``create``; with ``stream=True`` a blocking iterator of chunks."""
-        result = self._owner._run(self._owner.async_client.chat.completions.create(**kwargs))
+        result = self._owner.run(self._owner.async_client.chat.completions.create(**kwargs))
         if isinstance(result, ChatCompletion):
             return result
         return self._owner._iterate(result)
+
+
+class _SyncChat:
+    def __init__(self, owner: Leyline) -> None:
+        self.completions = _SyncCompletions(owner)
 
 
 class Leyline:
@@ -158,21 +199,20 @@ class Leyline:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="leyline-sdk")
         self._thread.start()
-        self.async_client: AsyncLeyline = self._run(self._make(kwargs))
-        self.chat = type("Chat", (), {})()
-        self.chat.completions = _SyncCompletions(self)
+        self.async_client: AsyncLeyline = self.run(self._make(kwargs))
+        self.chat = _SyncChat(self)
 
     @staticmethod
     async def _make(kwargs: dict[str, Any]) -> AsyncLeyline:
         return AsyncLeyline(**kwargs)
 
-    def _run(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
     def _iterate(self, stream: AsyncIterator[ChatCompletionChunk]) -> Iterator[ChatCompletionChunk]:
+        async def step() -> ChatCompletionChunk:
+            return await stream.__anext__()
+
         while True:
             try:
-                yield self._run(stream.__anext__())
+                yield self.run(step())
             except StopAsyncIteration:
                 return
 
@@ -180,12 +220,18 @@ class Leyline:
         """An explicit session (use its async methods through ``run``)."""
         return self.async_client.session(**kwargs)
 
-    def run(self, coro: Any) -> Any:
-        """Run a coroutine of the async client (e.g. ``session.apply_edits()``) and wait for it."""
-        return self._run(coro)
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine of the async client (e.g. ``session.sync_edits()``) and wait for it."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def close(self) -> None:
-        """Close the client and stop its thread."""
-        self._run(self.async_client.aclose())
+        """Delete the server-side sessions, close the client and stop its thread."""
+        self.run(self.async_client.aclose())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
+
+    def __enter__(self) -> Leyline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

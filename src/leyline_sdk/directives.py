@@ -34,6 +34,7 @@ __all__ = [
     "position_map",
     "digest",
     "first_forget_start",
+    "truncate_result",
 ]
 
 MAX_TOKEN_ID = 2**32 - 1
@@ -174,6 +175,38 @@ def first_forget_start(directives: Sequence[Directive]) -> int | None:
     """Base index from which everything is recomputed, or ``None`` when all are ``amortize``."""
     starts = [d.start for d in directives if d.mode is Mode.FORGET]
     return min(starts) if starts else None
+
+
+def truncate_result(base_length: int, directives: Sequence[Directive], length: int) -> list[Directive]:
+    """Directives whose result is the first ``length`` tokens of ``apply(base, directives)``.
+
+    The cut is one ``forget`` directive that drops everything after it (merged into the
+    directive whose replacement it falls in); directives wholly before the cut are kept as they
+    are. ``length`` at or past the result's end returns ``directives`` unchanged.
+    """
+    check(directives, base_length)
+    if length >= base_length + sum(d.delta for d in directives):
+        return list(directives)
+    out: list[Directive] = []
+    pos = 0  # position in the result
+    cursor = 0  # position in the base
+    for d in directives:
+        kept = d.start - cursor  # base tokens copied before d
+        if pos + kept >= length:
+            break
+        pos += kept
+        if pos + len(d.replacement) > length:  # the cut falls inside d's replacement
+            out.append(
+                Directive(start=d.start, end=base_length, replacement=d.replacement[: length - pos], mode=Mode.FORGET)
+            )
+            return out
+        pos += len(d.replacement)
+        cursor = d.end
+        out.append(d)
+    cut = cursor + (length - pos)
+    if cut < base_length:
+        out.append(Directive(start=cut, end=base_length, mode=Mode.FORGET))
+    return out
 
 
 def digest(tokens: Sequence[int]) -> str:

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
 from leyline_sdk.errors import RenderError
 
-__all__ = ["Span", "RenderedConversation", "ChatTokenizer", "HFChatTokenizer", "normalize_messages"]
+__all__ = ["Span", "RenderedConversation", "RenderDetail", "ChatTokenizer", "HFChatTokenizer", "normalize_messages"]
 
 
 class Span(BaseModel):
@@ -62,6 +63,22 @@ class RenderedConversation(BaseModel):
         """The token ids owned by message ``index``."""
         span = self.message_spans[index]
         return self.tokens[span.start : span.end]
+
+
+@dataclass(frozen=True)
+class RenderDetail:
+    """A rendering with what it was cut from: the template's text and the cell bounds.
+
+    ``char_bounds`` and ``token_bounds`` are ``[0, head end, end of message 0, …, end of the last
+    message]`` in characters of ``text`` and in tokens; ``preamble`` is what the template renders
+    for zero messages. An incremental renderer keeps this to avoid rendering a history twice.
+    """
+
+    conversation: RenderedConversation
+    text: str
+    char_bounds: list[int]
+    token_bounds: list[int]
+    preamble: str
 
 
 @runtime_checkable
@@ -112,6 +129,17 @@ class HFChatTokenizer:
         from transformers.utils.chat_template_utils import render_jinja_template
 
         self._render_jinja: Any = render_jinja_template
+        self.isolated_tokens = _isolated_tokens(tokenizer)
+
+    def hard_split(self, text: str, pos: int) -> bool:
+        """Whether tokenizing ``text`` is independent on both sides of ``pos``.
+
+        True at the ends and next to an added token the tokenizer cuts out before anything else
+        (not normalized, no whitespace stripping): tokenization never crosses those.
+        """
+        if pos <= 0 or pos >= len(text):
+            return True
+        return any(text.startswith(t, pos) or text.endswith(t, 0, pos) for t in self.isolated_tokens)
 
     def render_text(
         self,
@@ -152,34 +180,56 @@ class HFChatTokenizer:
         add_generation_prompt: bool = True,
     ) -> RenderedConversation:
         """Render and locate each message's tokens; see the module docstring for the contract."""
+        return self.render_detail(messages, tools, add_generation_prompt).conversation
+
+    def render_detail(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> RenderDetail:
+        """:meth:`render`, plus the text and the character and token bounds it was cut at."""
         msgs = normalize_messages(messages)
         if not msgs:
             raise RenderError("cannot render an empty conversation")
         full = self.render_text(msgs, tools, add_generation_prompt)
-        reason: str | None = None
-        previous = self._preamble(tools)
-        if not full.startswith(previous):
-            previous = ""
-        boundaries = [0, len(previous)]
-        for i in range(1, len(msgs) + 1):
-            text = full if (i == len(msgs) and not add_generation_prompt) else None
-            text = text if text is not None else self.render_text(msgs[:i], tools, False)
-            if not (text.startswith(previous) and full.startswith(text)):
-                reason = reason or f"rendering message {i - 1} changes the text of earlier messages"
-            boundaries.append(len(text))
-            previous = text
+        preamble = self._preamble(tools)
+        head = preamble if full.startswith(preamble) else ""
+        boundaries, reason = self._char_boundaries(msgs, tools, full, head, add_generation_prompt)
         tokens, offsets = self.encode(full)
         token_bounds = _char_to_token_boundaries(boundaries, offsets, len(full))
         if token_bounds is None:
             reason = reason or "a token straddles a message boundary"
             token_bounds = _nearest_token_boundaries(boundaries, offsets, len(tokens))
         spans = [Span(start=a, end=b) for a, b in zip(token_bounds[1:], token_bounds[2:], strict=False)]
-        return RenderedConversation.model_construct(
-            tokens=tokens,
-            message_spans=spans,
-            prefix_stable=reason is None,
-            unstable_reason=reason,
+        conversation = RenderedConversation.model_construct(
+            tokens=tokens, message_spans=spans, prefix_stable=reason is None, unstable_reason=reason
         )
+        return RenderDetail(conversation, full, boundaries, token_bounds, preamble)
+
+    def _char_boundaries(
+        self, msgs: list[dict[str, Any]], tools: Sequence[Mapping[str, Any]] | None, full: str, head: str, gen: bool
+    ) -> tuple[list[int], str | None]:
+        """``[0, head end, end of message 0, …]`` from one template render per message prefix."""
+        reason: str | None = None
+        previous = head
+        boundaries = [0, len(head)]
+        for i in range(1, len(msgs) + 1):
+            text = full if (i == len(msgs) and not gen) else self.render_text(msgs[:i], tools, False)
+            if not (text.startswith(previous) and full.startswith(text)):
+                reason = reason or f"rendering message {i - 1} changes the text of earlier messages"
+            boundaries.append(len(text))
+            previous = text
+        return boundaries, reason
+
+
+def _isolated_tokens(tokenizer: Any) -> tuple[str, ...]:
+    """Added tokens matched verbatim in the raw text (see :meth:`HFChatTokenizer.hard_split`)."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    isolated = {
+        t.content for t in added.values() if t.content and not (t.normalized or t.lstrip or t.rstrip or t.single_word)
+    }
+    return tuple(sorted(isolated, key=len, reverse=True))
 
 
 def _token_starts(offsets: Sequence[tuple[int, int]]) -> list[int]:

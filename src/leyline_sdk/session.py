@@ -2,40 +2,46 @@
 
 The session keeps two histories: the **full** one the agent wrote (never changed by Leyline,
 nothing lost) and the **effective** one the model sees (after policies; earlier edits are
-sticky, so an evicted message renders the same way every later turn). Before each request it:
+sticky, so an evicted message renders the same way every later turn). Each turn it:
 
 1. runs the policies over the full history;
-2. renders the effective history (the server's ``/tokenize``, or a local ``ChatTokenizer``);
-3. diffs the edited first ``k`` messages (``k`` = messages the server has seen) against the
-   previous rendering, message by message (``diff_to_directives``), each span in the mode of the
-   edit that caused it;
-4. checks the generated tokens against the re-rendered assistant message; from where they differ
-   the tail is replaced in ``forget`` mode;
+2. renders the effective history once (its :class:`~leyline_sdk.renderer.Renderer`: a local
+   tokenizer, incrementally, or one ``/leyline/tokenize`` round trip);
+3. diffs the first ``k`` messages (``k`` = the messages the server has seen) against the
+   rendering of the base, message by message (``diff_to_directives``), each span in the mode of
+   the edit that caused it;
+4. checks the generated tokens against the re-rendered assistant message; from where they
+   differ they are dropped in ``forget`` mode;
 5. verifies locally that ``apply(base, D)`` is a prefix of the new prompt, and sends the
    directives with the base's length and digest.
 
-Anything that does not check out (unknown base, a client tokenizer that disagrees with the
-server's, an unstable template) sends no directives: the server's prefix cache then re-prefills
-from the first difference — that is ``forget``, never a wrong cache. ``strict=True`` raises
-instead (and asks the server to be strict too).
+:meth:`LeylineSession.sync_edits` does steps 1–3 and 5 without generating (splice while a tool
+runs). Anything that does not check out (unknown base, a client tokenizer that disagrees with
+the server's, an unstable template) sends no directives: the server's prefix cache then
+re-prefills from the first difference — that is ``forget``, never a wrong cache. ``strict=True``
+raises instead (and asks the server to be strict too). A server that dropped the session answers
+with a new ``session_id`` (``fallback.code == "base_mismatch"``); the session adopts it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import BaseModel
 
-from leyline_sdk.directives import Directive, Mode, apply, digest
-from leyline_sdk.errors import SpliceFallbackError
+import leyline_policies
+from leyline_sdk.diff import common_prefix_length, diff_to_directives
+from leyline_sdk.directives import Directive, Mode, apply, digest, truncate_result
+from leyline_sdk.errors import NotFoundError, SpliceFallbackError
+from leyline_sdk.renderer import Renderer
 from leyline_sdk.rendering import RenderedConversation
-from leyline_sdk.spans import common_prefix_length, diff_to_directives
-
-if TYPE_CHECKING:
-    from leyline_sdk.client import AsyncLeyline
+from leyline_sdk.transport import Transport
+from leyline_sdk.validation import check_messages, check_model, check_tools
+from leyline_sdk.wire import BaseRef, DirectivesResult, LeylineRequest, LeylineResult, SpliceCounts
 
 __all__ = ["LeylineSession", "TurnStats"]
 
@@ -49,143 +55,183 @@ class TurnStats(BaseModel):
     reused_tokens: int = 0
     rotated_tokens: int = 0
     prefilled_tokens: int = 0
+    approximate_tokens: int = 0
     directives: int = 0
     fallback: str | None = None
     cleared: int = 0
     removed_chars: int = 0
     elapsed_ms: float = 0.0
 
+    def count(self, counts: SpliceCounts) -> None:
+        """Copy the server's token counts."""
+        self.reused_tokens = counts.reused_tokens
+        self.rotated_tokens = counts.rotated_tokens
+        self.prefilled_tokens = counts.prefilled_tokens
+        self.approximate_tokens = counts.approximate_tokens
+
+
+@dataclass
+class _Turn:
+    """One request in preparation: the effective messages, their rendering, what is sent."""
+
+    effective: list[dict[str, Any]]
+    prompt: RenderedConversation | None
+    report: leyline_policies.EditReport
+    extension: LeylineRequest | None = None
+    fallback: str | None = None
+
 
 class LeylineSession:
-    """A conversation with the server; see the module docstring for the protocol."""
+    """A conversation with the server; see the module docstring for the protocol.
+
+    ``transport`` sends requests, ``renderer`` renders prompts as the server does (and says
+    whether it speaks Leyline); ``on_use`` is called on every request (the client's LRU).
+    Normally made by ``AsyncLeyline.session()``.
+    """
 
     def __init__(
         self,
-        client: AsyncLeyline,
+        transport: Transport,
+        renderer: Renderer,
         policies: Sequence[Any] = (),
         strict: bool = False,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        on_use: Callable[[LeylineSession], None] | None = None,
     ) -> None:
-        self.client = client
+        self.transport = transport
+        self.renderer = renderer
         self.policies = list(policies)
         self.strict = strict
-        self.tools = list(tools) if tools else None
+        self.tools = check_tools(tools)
         self.history: list[dict[str, Any]] = []
         self.effective: list[dict[str, Any]] = []
-        self.sticky: dict[int, Any] = {}
+        self.sticky: dict[int, leyline_policies.Edit] = {}
         self.session_id: str | None = None
         self.base_tokens: list[int] | None = None
+        self.stats: list[TurnStats] = []
+        self.last_directives: list[Directive] = []  # what the last request sent (for inspection)
+        self._base_digest: str | None = None
         self._seen: list[dict[str, Any]] = []  # effective messages the server has (the base's prompt part)
         self._seen_render: RenderedConversation | None = None
-        self.stats: list[TurnStats] = []
-        self._local_fallback: str | None = None
-        self.last_directives: list[Directive] = []  # what the last request sent (for inspection)
+        self._fallback_code: str | None = None
+        self._on_use = on_use
 
-    # -- policies and directives --------------------------------------------------------------------
-    def _run_policies(
-        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
-    ) -> tuple[list[dict[str, Any]], dict[int, Mode], Any]:
-        from leyline_policies import run_policies
+    # -- state ------------------------------------------------------------------------------------
+    def _adopt(
+        self, base: list[int], base_digest: str, seen: list[dict[str, Any]], render: RenderedConversation
+    ) -> None:
+        self.base_tokens, self._base_digest, self._seen, self._seen_render = base, base_digest, seen, render
 
-        effective, edits, report = run_policies(messages, self.policies, tools, sticky=self.sticky)
-        new_modes = {c.index: Mode(c.mode) for c in report.cleared}
-        self.sticky = edits
-        return effective, new_modes, report
+    def _forget_base(self) -> None:
+        self.base_tokens, self._base_digest, self._seen, self._seen_render = None, None, [], None
 
     def _fallback(self, code: str, message: str) -> None:
         if self.strict:
             raise SpliceFallbackError(code, message)
-        self._local_fallback = code
+        self._fallback_code = code
 
-    async def _directives(
-        self, effective: list[dict[str, Any]], prompt: RenderedConversation, modes: Mapping[int, Mode], tools: Any
-    ) -> list[Directive] | None:
-        """Directives turning the base into a prefix of ``prompt``; ``None``: send none (forget)."""
-        base, old = self.base_tokens, self._seen_render
+    # -- policies and directives ------------------------------------------------------------------
+    def _run_policies(
+        self, tools: Sequence[Mapping[str, Any]] | None
+    ) -> tuple[list[dict[str, Any]], dict[int, Mode], leyline_policies.EditReport]:
+        effective, edits, report = leyline_policies.run_policies(self.history, self.policies, tools, sticky=self.sticky)
+        self.sticky = edits
+        self.effective = effective
+        return effective, {c.index: Mode(c.mode) for c in report.cleared}, report
+
+    def _seen_view(self, prompt: RenderedConversation, k: int, old: RenderedConversation) -> RenderedConversation:
+        """The new rendering of the ``k`` seen messages, followed by the base's generation prompt."""
+        end = prompt.message_spans[k - 1].end if k else prompt.head.end
+        return RenderedConversation.model_construct(
+            tokens=prompt.tokens[:end] + old.tokens[old.tail.start :],
+            message_spans=prompt.message_spans[:k],
+            prefix_stable=prompt.prefix_stable,
+            unstable_reason=prompt.unstable_reason,
+        )
+
+    def _directives(
+        self, effective: list[dict[str, Any]], prompt: RenderedConversation, modes: Mapping[int, Mode], turn: bool
+    ) -> tuple[list[Directive], RenderedConversation] | None:
+        """Directives turning the base into a prefix of ``prompt``, and the seen messages' new rendering.
+
+        ``turn``: ``prompt`` is the next request's (its generated part is checked and, where it
+        differs from the re-rendered assistant message, dropped in ``forget`` mode); otherwise only
+        the seen messages are edited (``sync_edits``). ``None``: send none (forget).
+        """
+        base, old, k = self.base_tokens, self._seen_render, len(self._seen)
         if base is None or old is None:
             self._fallback("base_mismatch", "the client does not know the server's base")
             return None
-        k = len(self._seen)
-        if len(effective) < k or any(
+        if min(len(effective), len(prompt.message_spans)) < k or any(
             a.get("role") != b.get("role") for a, b in zip(effective, self._seen, strict=False)
         ):
             self._fallback("prompt_mismatch", "the agent rewrote messages the server has seen")
             return None
-        mid = await self.client.render(effective[:k], tools, generation=True)
-        directives = diff_to_directives(old, mid, modes=dict(modes))
-        spliced = apply(base, directives)
-        c = common_prefix_length(spliced, prompt.tokens)
-        if c < len(mid.tokens):  # the edited history itself does not reproduce: unexplained
-            self._fallback("prompt_mismatch", "the re-rendered history does not extend the edited base")
-            return None
-        if c < len(spliced):  # generated tokens differ from the re-rendered assistant message
-            shift = sum(d.delta for d in directives)
-            directives.append(
-                Directive(start=c - shift, end=len(base), replacement=tuple(prompt.tokens[c:]), mode=Mode.FORGET)
-            )
+        seen = self._seen_view(prompt, k, old)
+        directives = diff_to_directives(old, seen, modes=dict(modes))
         result = apply(base, directives)
-        if prompt.tokens[: len(result)] != result:  # never send what does not check out
-            self._fallback("prompt_mismatch", "directives do not reproduce the prompt")
+        if turn:  # generated tokens that differ from the re-rendered assistant message are dropped
+            c = common_prefix_length(result, prompt.tokens)
+            if c < len(result):
+                directives = truncate_result(len(base), directives, c)
+                result = apply(base, directives)
+            ok = len(result) <= len(prompt.tokens) and prompt.tokens[: len(result)] == result
+        else:
+            ok = result[: len(seen.tokens)] == seen.tokens
+        if not ok:
+            self._fallback("prompt_mismatch", "directives do not reproduce the prompt")  # never send those
             return None
-        return directives
+        return directives, seen
 
-    # -- requests -------------------------------------------------------------------------------------
-    async def _prepare(self, messages: Sequence[Mapping[str, Any]] | None, tools: Any) -> tuple[dict[str, Any], Any]:
-        if messages is not None:
-            self.history = [dict(m) for m in messages]
-        tools = tools if tools is not None else self.tools
-        effective, modes, report = self._run_policies(self.history, tools)
-        self.effective = effective
-        self._local_fallback = None
+    # -- requests ---------------------------------------------------------------------------------
+    async def _prepare(self, tools: Sequence[Mapping[str, Any]] | None) -> _Turn:
+        self._fallback_code = None
         self.last_directives = []
-        extension: dict[str, Any] | None = None
-        prompt: RenderedConversation | None = None
-        if await self.client.leyline_available():
-            prompt = await self.client.render(effective, tools, generation=True)
-            extension = {"strict": self.strict}
-            if self.session_id is not None:
-                extension["session_id"] = self.session_id
-                directives = await self._directives(effective, prompt, modes, tools)
-                self.last_directives = directives or []
-                if directives:
-                    assert self.base_tokens is not None
-                    extension["base"] = {"length": len(self.base_tokens), "digest": digest(self.base_tokens)}
-                    extension["directives"] = [d.model_dump(mode="json") for d in directives]
-        return {"effective": effective, "extension": extension, "prompt": prompt, "report": report}, tools
+        effective, modes, report = self._run_policies(tools)
+        prompt = await self.renderer.render(effective, tools)
+        turn = _Turn(effective, prompt, report)
+        if prompt is None:  # the server does not speak Leyline: plain requests
+            return turn
+        turn.extension = LeylineRequest(session_id=self.session_id, strict=self.strict)
+        if self.session_id is not None:
+            planned = self._directives(effective, prompt, modes, turn=True)
+            if planned and planned[0]:
+                assert self.base_tokens is not None
+                self.last_directives = planned[0]
+                turn.extension.base = BaseRef(length=len(self.base_tokens), digest=self._base_digest)
+                turn.extension.directives = planned[0]
+        turn.fallback = self._fallback_code
+        return turn
 
-    def _record(self, prep: dict[str, Any], leyline: Mapping[str, Any] | None, usage: Any, started: float) -> None:
-        prompt: RenderedConversation | None = prep["prompt"]
-        report = prep["report"]
+    def _record(self, turn: _Turn, leyline: Mapping[str, Any] | None, usage: Any, started: float) -> None:
+        """Stats of a finished request; adopt the server's session and base when they check out."""
         stats = TurnStats(
             turn=len(self.stats) + 1,
-            cleared=len(report.cleared),
-            removed_chars=report.removed_chars,
-            elapsed_ms=(time.perf_counter() - started) * 1e3,
-            directives=len((prep["extension"] or {}).get("directives", [])),
+            cleared=len(turn.report.cleared),
+            removed_chars=turn.report.removed_chars,
+            directives=len(turn.extension.directives) if turn.extension else 0,
+            fallback=turn.fallback,
         )
         if usage is not None:
             stats.prompt_tokens = usage.prompt_tokens
             details = getattr(usage, "prompt_tokens_details", None)
             stats.cached_tokens = getattr(details, "cached_tokens", 0) or 0
-        stats.fallback = self._local_fallback
-        if leyline is not None and prompt is not None:
-            fb = leyline.get("fallback")
-            stats.fallback = (fb or {}).get("code") or stats.fallback
-            if fb and self.strict:
-                raise SpliceFallbackError(fb["code"], fb.get("message", ""))
-            stats.reused_tokens = leyline.get("reused_tokens", 0)
-            stats.rotated_tokens = leyline.get("rotated_tokens", 0)
-            stats.prefilled_tokens = leyline.get("prefilled_tokens", 0)
-            self.session_id = leyline.get("session_id") or self.session_id
-            tokens = prompt.tokens + list(leyline.get("completion_token_ids", []))
-            server_base = leyline.get("base") or {}
-            if server_base.get("digest") == digest(tokens):
-                self.base_tokens = tokens
-                self._seen, self._seen_render = list(prep["effective"]), prompt
+        result = LeylineResult.model_validate(leyline) if leyline is not None else None
+        if result is not None and turn.prompt is not None:
+            stats.count(result)
+            stats.fallback = result.fallback.code if result.fallback else stats.fallback
+            self.session_id = result.session_id or self.session_id
+            tokens = turn.prompt.tokens + result.completion_token_ids
+            server_digest = result.base.digest if result.base else None
+            if server_digest is not None and server_digest == digest(tokens):
+                self._adopt(tokens, server_digest, list(turn.effective), turn.prompt)
             else:  # our rendering disagrees with the server's: no directives until it agrees again
-                self.base_tokens, self._seen, self._seen_render = None, [], None
+                self._forget_base()
                 stats.fallback = stats.fallback or "tokenizer_mismatch"
+        stats.elapsed_ms = (time.perf_counter() - started) * 1e3
         self.stats.append(stats)
+        if self.strict and result is not None and result.fallback is not None:
+            raise SpliceFallbackError(result.fallback.code, result.fallback.message)
 
     async def create(
         self,
@@ -196,80 +242,110 @@ class LeylineSession:
         stream: bool = False,
         **kwargs: Any,
     ) -> ChatCompletion | AsyncIterator[ChatCompletionChunk]:
-        """Send the (full) history; returns what ``openai``'s ``create`` returns, with ``.leyline``."""
-        started = time.perf_counter()
-        prep, tools = await self._prepare(messages, tools)
-        body: dict[str, Any] = {"model": model, "messages": prep["effective"], "stream": stream, **kwargs}
-        if tools:
-            body["tools"] = list(tools)
-        if prep["extension"] is not None:
-            body["leyline"] = prep["extension"]
-        if not stream:
-            response = ChatCompletion.model_validate(
-                await self.client.transport.request("POST", "/chat/completions", body)
-            )
-            self._record(prep, getattr(response, "leyline", None), response.usage, started)
-            return response
-        return self._stream(body, prep, started)
+        """Send the (full) history; returns what ``openai``'s ``create`` returns, with ``.leyline``.
 
-    async def _stream(
-        self, body: dict[str, Any], prep: dict[str, Any], started: float
-    ) -> AsyncIterator[ChatCompletionChunk]:
+        ``messages=None`` resends the session's history (e.g. after ``session.history.append``).
+        """
+        check_model(model)
+        history = check_messages(messages if messages is not None else self.history)
+        tools = check_tools(tools) if tools is not None else self.tools
+        started = time.perf_counter()
+        self.history = history
+        if self._on_use is not None:
+            self._on_use(self)
+        turn = await self._prepare(tools)
+        body: dict[str, Any] = {"model": model, "messages": turn.effective, "stream": stream, **kwargs}
+        if tools:
+            body["tools"] = tools
+        if turn.extension is not None:
+            body["leyline"] = turn.extension.model_dump(mode="json", exclude_none=True)
+        if not stream:
+            response = ChatCompletion.model_validate(await self.transport.request("POST", "/chat/completions", body))
+            self._record(turn, getattr(response, "leyline", None), response.usage, started)
+            return response
+        return self._stream(body, turn, started)
+
+    async def _stream(self, body: dict[str, Any], turn: _Turn, started: float) -> AsyncIterator[ChatCompletionChunk]:
         leyline, usage = None, None
-        async for event in self.client.transport.stream("/chat/completions", body):
+        async for event in self.transport.stream("/chat/completions", body):
             chunk = ChatCompletionChunk.model_validate(event)
             leyline = getattr(chunk, "leyline", None) or leyline
             usage = chunk.usage or usage
             yield chunk
-        self._record(prep, leyline, usage, started)
+        self._record(turn, leyline, usage, started)
 
-    async def apply_edits(self, tools: Sequence[Mapping[str, Any]] | None = None) -> TurnStats | None:
-        """Run the policies now and splice the server's cache without generating (off the critical path).
+    async def sync_edits(self, tools: Sequence[Mapping[str, Any]] | None = None) -> TurnStats | None:
+        """Run the policies now and splice the server's cache without generating (while a tool runs).
 
-        Returns the stats of the splice, or ``None`` when there is nothing to send.
+        Returns the stats of the splice, or ``None`` when there is nothing to send. A server that
+        no longer knows the session is reported as ``fallback == "session_not_found"``; the next
+        ``create`` then opens a new one.
         """
-        if self.session_id is None or not await self.client.leyline_available():
+        if self.session_id is None:
             return None
         started = time.perf_counter()
-        tools = tools if tools is not None else self.tools
-        effective, modes, report = self._run_policies(self.history, tools)
-        self.effective = effective
-        k = len(self._seen)
-        if self.base_tokens is None or self._seen_render is None or len(effective) < k:
+        if self._on_use is not None:
+            self._on_use(self)
+        self._fallback_code = None
+        tools = check_tools(tools) if tools is not None else self.tools
+        effective, modes, report = self._run_policies(tools)
+        prompt = await self.renderer.render(effective, tools)
+        planned = self._directives(effective, prompt, modes, turn=False) if prompt is not None else None
+        if not planned or not planned[0] or self.base_tokens is None:
             return None
-        mid = await self.client.render(effective[:k], tools, generation=True)
-        directives = diff_to_directives(self._seen_render, mid, modes=dict(modes))
-        if not directives:
-            return None
-        body = {
-            "base": {"length": len(self.base_tokens), "digest": digest(self.base_tokens)},
-            "directives": [d.model_dump(mode="json") for d in directives],
-            "strict": self.strict,
-        }
-        result = await self.client.transport.request("POST", f"/leyline/sessions/{self.session_id}/directives", body)
-        new_base = apply(self.base_tokens, directives)
-        if result["base"]["digest"] == digest(new_base):
-            self.base_tokens, self._seen, self._seen_render = new_base, effective[:k], mid
-        else:
-            self.base_tokens, self._seen, self._seen_render = None, [], None
-        fb = result.get("fallback")
+        directives, seen = planned
         stats = TurnStats(
             turn=len(self.stats) + 1,
-            reused_tokens=result["reused_tokens"],
-            rotated_tokens=result["rotated_tokens"],
-            prefilled_tokens=result["prefilled_tokens"],
             directives=len(directives),
-            fallback=(fb or {}).get("code"),
             cleared=len(report.cleared),
             removed_chars=report.removed_chars,
-            elapsed_ms=(time.perf_counter() - started) * 1e3,
         )
+        await self._send_directives(directives, seen, stats)
+        stats.elapsed_ms = (time.perf_counter() - started) * 1e3
         self.stats.append(stats)
         return stats
 
+    async def _send_directives(self, directives: list[Directive], seen: RenderedConversation, stats: TurnStats) -> None:
+        assert self.base_tokens is not None and self.session_id is not None
+        body = {
+            "base": BaseRef(length=len(self.base_tokens), digest=self._base_digest).model_dump(),
+            "directives": [d.model_dump(mode="json") for d in directives],
+            "strict": self.strict,
+        }
+        try:
+            raw = await self.transport.request("POST", f"/leyline/sessions/{self.session_id}/directives", body)
+        except NotFoundError as exc:
+            self.session_id = None
+            self._forget_base()
+            stats.fallback = "session_not_found"
+            if self.strict:
+                raise SpliceFallbackError("session_not_found", str(exc)) from exc
+            return
+        result = DirectivesResult.model_validate(raw)
+        stats.count(result)
+        stats.fallback = result.fallback.code if result.fallback else None
+        self.last_directives = directives
+        new_base = apply(self.base_tokens, directives)
+        new_digest = digest(new_base)
+        if result.base.digest == new_digest:
+            self._adopt(new_base, new_digest, self.effective[: len(self._seen)], seen)
+        elif result.base.digest != self._base_digest:  # neither the old nor the new base: unknown
+            self._forget_base()
+
+    # -- lookup and lifetime ----------------------------------------------------------------------
     def matches(self, messages: Sequence[Mapping[str, Any]]) -> int:
         """Length of the history prefix ``messages`` shares with this session (0 if it diverges)."""
         n = len(self.history)
-        if n == 0 or len(messages) < n:
+        if n == 0 or len(messages) < n or messages[n - 1] != self.history[-1]:
             return 0
-        return n if all(dict(a) == dict(b) for a, b in zip(self.history, messages[:n], strict=True)) else 0
+        return n if all(a == b for a, b in zip(messages, self.history, strict=False)) else 0
+
+    async def aclose(self) -> None:
+        """Delete the server-side session (a cache handle; a 404 is fine) and forget its base."""
+        session_id, self.session_id = self.session_id, None
+        self._forget_base()
+        if session_id is not None:
+            try:
+                await self.transport.request("DELETE", f"/leyline/sessions/{session_id}")
+            except NotFoundError:
+                pass

@@ -19,6 +19,7 @@ from leyline_sdk.directives import (
     first_forget_start,
     kept_runs,
     position_map,
+    truncate_result,
 )
 from leyline_sdk.errors import DirectiveError
 
@@ -79,6 +80,18 @@ def test_kept_runs_cover_exactly_the_surviving_tokens(case):
     assert covered == len(base) - sum(d.end - d.start for d in directives)
     for r in runs:
         assert r.old_end > r.old_start
+
+
+@given(base_and_directives(), st.integers(0, 80))
+def test_truncate_result_keeps_exactly_the_first_tokens(case, length):
+    base, directives = case
+    cut = truncate_result(len(base), directives, length)
+    assert apply(base, cut) == naive_splice(base, directives)[:length]
+    if length >= len(apply(base, directives)):
+        assert cut == directives
+    elif cut != directives[: len(cut)]:  # those before the cut as they were, then one forget to the end
+        assert cut[:-1] == directives[: len(cut) - 1]
+        assert cut[-1].mode is Mode.FORGET and cut[-1].end == len(base)
 
 
 def test_identity_directive_changes_nothing():

@@ -4,9 +4,9 @@
 message by message:
 
 1. Each rendering is cut into *cells*: the head (template preamble), one per message (its
-   span) and the tail (generation prompt). Cells are matched between old and new by their
-   token content (``difflib`` on cell keys), which localises replaced, inserted and removed
-   messages.
+   span) and the tail (generation prompt). Equal leading and trailing cells are skipped; the
+   rest are matched between old and new by their token content (``difflib`` on cell keys),
+   which localises replaced, inserted and removed messages.
 2. Each unmatched block of cells becomes one directive over the block's old token range, with
    the common token prefix and suffix inside the block trimmed away.
 3. A block's mode is ``forget`` if any message in it was marked ``forget`` (by old index in
@@ -45,11 +45,54 @@ def _cell_keys(tokens: Sequence[int], starts: Sequence[int]) -> list[tuple[int, 
     return [tuple(tokens[a:b]) for a, b in zip(starts, starts[1:], strict=False)]
 
 
+_CHUNK = 512  # tokens compared per slice: C-speed list comparison, then a short scan
+
+
+def _same(a: Sequence[int], b: Sequence[int]) -> bool:
+    """Element-wise equality of two slices (a list slice never equals a tuple slice)."""
+    if type(a) is not type(b):
+        return list(a) == list(b)
+    return a == b
+
+
+def _same_cell(
+    a: Sequence[int], a_starts: Sequence[int], i: int, b: Sequence[int], b_starts: Sequence[int], j: int
+) -> bool:
+    return _same(a[a_starts[i] : a_starts[i + 1]], b[b_starts[j] : b_starts[j + 1]])
+
+
+def _changed_cells(
+    a: Sequence[int], a_starts: Sequence[int], b: Sequence[int], b_starts: Sequence[int]
+) -> list[tuple[int, int, int, int]]:
+    """Blocks of cells ``(i1, i2, j1, j2)`` that differ between two cut token sequences.
+
+    Equal leading and trailing cells are skipped by slice comparison (linear, no hashing); only
+    the middle goes through ``difflib``, whose non-equal opcodes are returned, shifted back.
+    """
+    n, m = len(a_starts) - 1, len(b_starts) - 1
+    lo = 0
+    while lo < min(n, m) and _same_cell(a, a_starts, lo, b, b_starts, lo):
+        lo += 1
+    hi = 0
+    while hi < min(n, m) - lo and _same_cell(a, a_starts, n - 1 - hi, b, b_starts, m - 1 - hi):
+        hi += 1
+    old_keys = _cell_keys(a, a_starts[lo : n - hi + 1])
+    new_keys = _cell_keys(b, b_starts[lo : m - hi + 1])
+    matcher = SequenceMatcher(None, old_keys, new_keys, autojunk=False)
+    return [(i1 + lo, i2 + lo, j1 + lo, j2 + lo) for tag, i1, i2, j1, j2 in matcher.get_opcodes() if tag != "equal"]
+
+
 def _common_prefix(a: Sequence[int], a0: int, a1: int, b: Sequence[int], b0: int, b1: int) -> int:
-    n = 0
     limit = min(a1 - a0, b1 - b0)
-    while n < limit and a[a0 + n] == b[b0 + n]:
-        n += 1
+    n = 0
+    while n < limit:
+        m = min(_CHUNK, limit - n)
+        if _same(a[a0 + n : a0 + n + m], b[b0 + n : b0 + n + m]):
+            n += m
+            continue
+        while a[a0 + n] == b[b0 + n]:
+            n += 1
+        return n
     return n
 
 
@@ -59,10 +102,16 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def _common_suffix(a: Sequence[int], a0: int, a1: int, b: Sequence[int], b0: int, b1: int) -> int:
-    n = 0
     limit = min(a1 - a0, b1 - b0)
-    while n < limit and a[a1 - 1 - n] == b[b1 - 1 - n]:
-        n += 1
+    n = 0
+    while n < limit:
+        m = min(_CHUNK, limit - n)
+        if _same(a[a1 - n - m : a1 - n], b[b1 - n - m : b1 - n]):
+            n += m
+            continue
+        while a[a1 - 1 - n] == b[b1 - 1 - n]:
+            n += 1
+        return n
     return n
 
 
@@ -111,13 +160,8 @@ def diff_to_directives(
     modes = modes or {}
     new_modes = new_modes or {}
     old_starts, new_starts = _cell_starts(old), _cell_starts(new)
-    matcher = SequenceMatcher(
-        None, _cell_keys(old.tokens, old_starts), _cell_keys(new.tokens, new_starts), autojunk=False
-    )
     directives: list[Directive] = []
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        if tag == "equal":
-            continue
+    for i1, i2, j1, j2 in _changed_cells(old.tokens, old_starts, new.tokens, new_starts):
         # cell k is message k - 1 (cell 0 is the head)
         forget = any(modes.get(i - 1) is Mode.FORGET for i in range(i1, i2)) or any(
             new_modes.get(j - 1) is Mode.FORGET for j in range(j1, j2)

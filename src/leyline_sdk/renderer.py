@@ -1,0 +1,104 @@
+"""What a session needs to see its prompt as the server will: a :class:`Renderer`.
+
+A renderer turns the effective messages into tokens with per-message spans, and answers
+``None`` when the server does not speak Leyline (then there is nothing to splice and the session
+sends plain OpenAI requests). Two implementations:
+
+* :class:`LocalRenderer` — a local :class:`~leyline_sdk.rendering.ChatTokenizer` (no round trip);
+  an :class:`~leyline_sdk.rendering.HFChatTokenizer` is rendered incrementally, one
+  :class:`~leyline_sdk.incremental.IncrementalRenderer` per session. Whether the server speaks
+  Leyline is asked once per client (:class:`LeylineProbe`).
+* :class:`ServerRenderer` — the server's ``POST /leyline/tokenize``: one round trip per render,
+  which is also the probe (a 404 means no Leyline).
+
+Neither knows about sessions or the client; the client builds one renderer per session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from leyline_sdk.errors import NotFoundError
+from leyline_sdk.incremental import IncrementalRenderer
+from leyline_sdk.rendering import ChatTokenizer, HFChatTokenizer, RenderedConversation, Span
+from leyline_sdk.transport import Transport
+
+__all__ = ["Renderer", "LeylineProbe", "LocalRenderer", "ServerRenderer"]
+
+TOKENIZE_PATH = "/leyline/tokenize"
+
+
+@runtime_checkable
+class Renderer(Protocol):
+    """Renders a session's prompt; ``None`` when the server does not speak Leyline."""
+
+    async def render(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
+    ) -> RenderedConversation | None:
+        """Tokens and spans of ``messages`` with the generation prompt, as the server renders them."""
+        ...
+
+
+class LeylineProbe:
+    """Whether the server speaks Leyline: asked once (``POST /leyline/tokenize``), then remembered."""
+
+    def __init__(self, transport: Transport, known: bool | None = None) -> None:
+        self.transport = transport
+        self.known = known
+
+    async def available(self) -> bool:
+        """``True`` if the server has the Leyline routes (probed on first call)."""
+        if self.known is None:
+            try:
+                await self.transport.request("POST", TOKENIZE_PATH, {"messages": [{"role": "user", "content": ""}]})
+                self.known = True
+            except NotFoundError:
+                self.known = False
+        return self.known
+
+
+class LocalRenderer:
+    """Render with a local tokenizer; incremental for :class:`HFChatTokenizer` (see ``incremental``)."""
+
+    def __init__(self, tokenizer: ChatTokenizer, probe: LeylineProbe) -> None:
+        self.tokenizer: ChatTokenizer = (
+            IncrementalRenderer(tokenizer) if isinstance(tokenizer, HFChatTokenizer) else tokenizer
+        )
+        self.probe = probe
+
+    async def render(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
+    ) -> RenderedConversation | None:
+        """The local rendering, or ``None`` if the server does not speak Leyline."""
+        if not await self.probe.available():
+            return None
+        return self.tokenizer.render(messages, tools=tools, add_generation_prompt=True)
+
+
+class ServerRenderer:
+    """Render through the server's ``/leyline/tokenize`` (one round trip; a 404 means no Leyline)."""
+
+    def __init__(self, transport: Transport, probe: LeylineProbe) -> None:
+        self.transport = transport
+        self.probe = probe
+
+    async def render(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
+    ) -> RenderedConversation | None:
+        """The server's rendering, or ``None`` if it does not speak Leyline."""
+        if self.probe.known is False:
+            return None
+        body = {"messages": list(messages), "tools": list(tools) if tools else None, "add_generation_prompt": True}
+        try:
+            r = await self.transport.request("POST", TOKENIZE_PATH, body)
+        except NotFoundError:
+            self.probe.known = False
+            return None
+        self.probe.known = True
+        return RenderedConversation.model_construct(
+            tokens=list(r["tokens"]),
+            message_spans=[Span(start=s["start"], end=s["end"]) for s in r["message_spans"]],
+            prefix_stable=bool(r.get("prefix_stable", True)),
+            unstable_reason=r.get("unstable_reason"),
+        )
