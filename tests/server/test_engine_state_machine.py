@@ -8,6 +8,7 @@ every slot is free, owned by one node or in flight — exactly once.
 from __future__ import annotations
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -83,7 +84,7 @@ class EngineMachine(RuleBasedStateMachine):
             assert layer0_oracle_error(self.eng, pinned) <= 1e-4
 
 
-TestEngineMachine = EngineMachine.TestCase
+TestEngineMachine = pytest.mark.slow(EngineMachine.TestCase)
 TestEngineMachine.settings = settings(
     max_examples=30,
     stateful_step_count=15,
