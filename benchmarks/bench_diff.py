@@ -1,7 +1,9 @@
 """Render + diff of a 500-message, ~100k-token tool-heavy conversation with one edited message.
 
 Reports the rendering cost (the chat template and the tokenizer: paid by whoever renders) apart
-from the diff itself (``diff_to_directives``: cell matching, trimming and the exact verification).
+from the diff itself (``diff_to_directives``: cell matching, trimming and the exact verification),
+and what rendering the edited conversation costs an ``IncrementalRenderer`` that rendered the
+original already (a session's next turn).
 
     python benchmarks/bench_diff.py [--messages 500] [--repeat 5]
 """
@@ -16,6 +18,7 @@ import time
 
 from leyline_sdk.diff import diff_to_directives
 from leyline_sdk.directives import apply
+from leyline_sdk.incremental import IncrementalRenderer
 from leyline_sdk.rendering import HFChatTokenizer
 from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
 
@@ -58,7 +61,7 @@ def main() -> None:
         "content": "[evicted: read_file output, 56 lines]",
     }
 
-    render_times, diff_times = [], []
+    render_times, incremental_times, diff_times = [], [], []
     for _ in range(args.repeat):
         t0 = time.perf_counter()
         old = chat.render(old_messages, tools=tools)
@@ -68,15 +71,23 @@ def main() -> None:
         t2 = time.perf_counter()
         render_times.append((t1 - t0) / 2)
         diff_times.append(t2 - t1)
+        incremental = IncrementalRenderer(chat)
+        incremental.render(old_messages, tools=tools)
+        t3 = time.perf_counter()
+        again = incremental.render(new_messages, tools=tools)
+        incremental_times.append(time.perf_counter() - t3)
+        assert again == new and incremental.incremental_renders == 1
     assert apply(old.tokens, directives) == new.tokens
     n = len(old.tokens)
     render_ms = statistics.median(render_times) * 1e3
     diff_ms = statistics.median(diff_times) * 1e3
+    incremental_ms = statistics.median(incremental_times) * 1e3
     print(
         f"messages={len(old_messages)} tokens={n} directives={len(directives)} "
         f"removed={sum(d.end - d.start for d in directives)} inserted={sum(len(d.replacement) for d in directives)}"
     )
     print(f"render (template + tokenizer, per conversation): {render_ms:8.1f} ms  {n / render_ms * 1e3:12,.0f} tok/s")
+    print(f"render again incrementally, one message edited:  {incremental_ms:8.1f} ms")
     print(f"diff_to_directives (incl. verification):          {diff_ms:8.1f} ms  {2 * n / diff_ms * 1e3:12,.0f} tok/s")
     print(f"target diff < 50 ms: {'PASS' if diff_ms < 50 else 'MISS'}")
 

@@ -153,10 +153,12 @@ class AsyncLeyline:
                 await _close_quietly(session)
 
     async def aclose(self) -> None:
-        """Delete every remembered session on the server (404s and errors ignored), then close HTTP."""
+        """Delete every remembered session on the server (404s and errors ignored), then close HTTP.
+
+        The sessions stay in ``sessions`` (their stats and histories remain readable).
+        """
         await self.reap()
-        sessions, self._sessions = list(self._sessions.values()), OrderedDict()
-        for session in sessions:
+        for session in self.sessions:
             await _close_quietly(session)
         await self.transport.aclose()
 

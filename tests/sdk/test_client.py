@@ -81,6 +81,7 @@ async def test_close_deletes_sessions_and_ignores_404(chat):
         assert gone.session_id is None and gone.base_tokens is None
         kept_id = kept.session_id
     assert fake.deleted == [kept_id] and fake.sessions == {}
+    assert kept in client.sessions and kept.session_id is None and kept.stats  # still readable after close
     assert fake.requests.count(("DELETE", f"/v1/leyline/sessions/{gone_id}")) == 1  # not again on exit
 
 
