@@ -260,19 +260,34 @@ class LeylineSession:
         if turn.extension is not None:
             body["leyline"] = turn.extension.model_dump(mode="json", exclude_none=True)
         if not stream:
-            response = ChatCompletion.model_validate(await self.transport.request("POST", "/chat/completions", body))
+            try:
+                raw = await self.transport.request("POST", "/chat/completions", body)
+            except NotFoundError as exc:
+                raise self._session_gone(exc) from exc
+            response = ChatCompletion.model_validate(raw)
             self._record(turn, getattr(response, "leyline", None), response.usage, started)
             return response
         return self._stream(body, turn, started)
 
     async def _stream(self, body: dict[str, Any], turn: _Turn, started: float) -> AsyncIterator[ChatCompletionChunk]:
         leyline, usage = None, None
-        async for event in self.transport.stream("/chat/completions", body):
-            chunk = ChatCompletionChunk.model_validate(event)
-            leyline = getattr(chunk, "leyline", None) or leyline
-            usage = chunk.usage or usage
-            yield chunk
+        try:
+            async for event in self.transport.stream("/chat/completions", body):
+                chunk = ChatCompletionChunk.model_validate(event)
+                leyline = getattr(chunk, "leyline", None) or leyline
+                usage = chunk.usage or usage
+                yield chunk
+        except NotFoundError as exc:
+            raise self._session_gone(exc) from exc
         self._record(turn, leyline, usage, started)
+
+    def _session_gone(self, exc: NotFoundError) -> Exception:
+        """A strict request for a session the server no longer has: start over next time, say why."""
+        if exc.code != "session_not_found" or self.session_id is None:
+            return exc
+        self.session_id = None
+        self._forget_base()
+        return SpliceFallbackError("session_not_found", str(exc))
 
     async def sync_edits(self, tools: Sequence[Mapping[str, Any]] | None = None) -> TurnStats | None:
         """Run the policies now and splice the server's cache without generating (while a tool runs).

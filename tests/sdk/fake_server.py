@@ -6,8 +6,9 @@ checks every request the way the real server does — base length and digest, ``
 a prefix of the prompt — and records what it saw, so tests can assert on the server's view
 rather than on what the SDK believes it sent. Knobs: ``drop(session_id)`` forgets a session
 (the LRU drop of the real server: an unknown id is served as a new session and reported as
-``base_mismatch``), ``completion`` is the text the "model" answers, ``leyline=False`` makes it
-a plain OpenAI server (no Leyline routes, no ``leyline`` field).
+``base_mismatch``; a strict request gets a 404 ``session_not_found``), ``completion`` is the
+text the "model" answers, ``leyline=False`` makes it a plain OpenAI server (no Leyline routes,
+no ``leyline`` field).
 """
 
 from __future__ import annotations
@@ -115,6 +116,8 @@ class FakeLeyline:
         sid, fallback, spliced = ext.get("session_id"), None, None
         counts = {"reused_tokens": 0, "rotated_tokens": 0, "prefilled_tokens": len(prompt)}
         if sid is not None and sid not in self.sessions:
+            if ext.get("strict"):
+                raise _NotFound("session_not_found")
             fallback, sid = "base_mismatch", None  # dropped: served as a new session
         if sid is not None:
             base = self.sessions[sid]
@@ -193,7 +196,10 @@ class FakeLeyline:
 
         @app.post("/v1/chat/completions")
         async def chat(body: dict[str, Any]) -> Any:
-            out = self._chat(body)
+            try:
+                out = self._chat(body)
+            except _NotFound as exc:
+                return JSONResponse({"error": {"code": exc.code, "message": "no such session"}}, 404)
             if not body.get("stream"):
                 return out
             return StreamingResponse(_sse(out), media_type="text/event-stream")
@@ -218,6 +224,12 @@ class FakeLeyline:
                 return JSONResponse({"id": sid, "deleted": True})
 
         return app
+
+
+class _NotFound(Exception):
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
 
 
 def _sse(response: dict[str, Any]):

@@ -93,16 +93,37 @@ async def test_dropped_server_session_is_replaced_and_splicing_resumes(chat):
     await client.aclose()
 
 
-async def test_strict_session_raises_on_fallback_but_carries_on(chat):
+@pytest.mark.parametrize("stream", [False, True])
+async def test_strict_session_raises_when_its_server_session_is_gone_then_starts_over(chat, stream):
     fake = FakeLeyline(chat)
     client = make_client(fake, policies=[TruncateOlderThanN(2)], tokenizer=chat, strict=True)
     session = client.session(tools=TOOLS)
     messages = [SYSTEM, TASK, *agent_turn(0)]
     await session.create(model="m", messages=messages)
     fake.drop(session.session_id)
+    with pytest.raises(SpliceFallbackError) as info:  # the real server: 404 session_not_found when strict
+        r = await session.create(model="m", messages=messages + agent_turn(1), stream=stream)
+        if stream:
+            [c async for c in r]
+    assert info.value.code == "session_not_found" and session.session_id is None
+    await session.create(model="m", messages=messages + agent_turn(1))  # a new session, no fallback
+    assert session.stats[-1].fallback is None and session.session_id in fake.sessions
+    await session.create(model="m", messages=messages + agent_turn(1) + agent_turn(2))
+    assert session.stats[-1].fallback is None and fake.chats[-1].spliced is not None
+    await client.aclose()
+
+
+async def test_strict_session_raises_on_a_server_fallback_after_adopting_its_base(chat):
+    fake = FakeLeyline(chat)
+    client = make_client(fake, policies=[TruncateOlderThanN(2)], tokenizer=chat, strict=True)
+    session = client.session(tools=TOOLS)
+    messages = [SYSTEM, TASK, *agent_turn(0)]
+    await session.create(model="m", messages=messages)
+    session._base_digest = "sha256:" + "0" * 32  # the server will not recognise the base we send
     with pytest.raises(SpliceFallbackError) as info:
         await session.create(model="m", messages=messages + agent_turn(1))
-    assert info.value.code == "base_mismatch"
+    assert info.value.code == "base_mismatch" and fake.chats[-1].fallback == "base_mismatch"
+    assert session.base_tokens == fake.sessions[session.session_id]  # the served turn's base, adopted
     await session.create(model="m", messages=messages + agent_turn(1) + agent_turn(2))
     assert session.stats[-1].fallback is None and fake.chats[-1].spliced is not None
     await client.aclose()
