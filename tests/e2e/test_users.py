@@ -21,7 +21,11 @@ def conversation(turns: int) -> list[dict]:
     """A tool-heavy conversation: each turn reads a file (a long output) and answers."""
     messages: list[dict] = [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "Fix app.py"}]
     for t in range(turns):
-        call = {"id": f"c{t}", "type": "function", "function": {"name": "read_file", "arguments": f'{{"path": "f{t}.py"}}'}}
+        call = {
+            "id": f"c{t}",
+            "type": "function",
+            "function": {"name": "read_file", "arguments": f'{{"path": "f{t}.py"}}'},
+        }
         messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         messages.append({"role": "tool", "tool_call_id": f"c{t}", "content": f"line {t} of the file\n" * 25})
     messages.append({"role": "user", "content": "What is wrong?"})
@@ -156,7 +160,13 @@ async def test_an_abandoned_stream_leaves_the_session_usable():
             model="tiny-mla", messages=messages, max_tokens=2, extra_body={"leyline": {}}
         )
         sid = r.leyline["session_id"]
-        body = {"model": "tiny-mla", "messages": messages, "max_tokens": 50, "stream": True, "leyline": {"session_id": sid}}
+        body = {
+            "model": "tiny-mla",
+            "messages": messages,
+            "max_tokens": 50,
+            "stream": True,
+            "leyline": {"session_id": sid},
+        }
         async with httpx.AsyncClient(base_url=url, timeout=30) as http:
             async with http.stream("POST", "/v1/chat/completions", json=body) as response:
                 assert response.status_code == 200  # ...and the client leaves without reading
