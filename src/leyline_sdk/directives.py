@@ -54,8 +54,16 @@ class Mode(str, Enum):
 class Directive(BaseModel):
     """Replace base tokens ``[start, end)`` by ``replacement`` (token ids), realised per ``mode``.
 
-    The JSON wire form is ``{"start", "end", "replacement", "mode"}``. Invalid values raise a
-    pydantic ``ValidationError`` that names the field; nothing is clamped.
+    The JSON wire form is ``{"start", "end", "replacement", "mode"}``, plus two optional fields:
+
+    * ``repair`` (amortize only) — *seam repair*: the first ``repair`` tokens after the
+      replacement get fresh KV (computed against the new context) instead of rotated KV;
+    * ``block`` — the id of a precompiled KV block (``POST /v1/leyline/blocks``) whose tokens are
+      the replacement: the server relocates the block's KV instead of prefilling it. The
+      replacement may be left empty on the wire (the server fills in the block's tokens); where
+      it is given it must equal them.
+
+    Invalid values raise a pydantic ``ValidationError`` that names the field; nothing is clamped.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -64,6 +72,8 @@ class Directive(BaseModel):
     end: NonNegativeInt
     replacement: tuple[NonNegativeInt, ...] = Field(default=())
     mode: Mode = Mode.AMORTIZE
+    repair: NonNegativeInt = 0
+    block: str | None = Field(default=None, min_length=1, max_length=128)
 
     @field_validator("end")
     @classmethod

@@ -34,9 +34,11 @@ def prefill(eng: EmbeddedEngine, tokens, previous=None, scope: CacheScope = SCOP
     return result.handle, result.state, result.reused
 
 
-def run_splice(eng: EmbeddedEngine, pinned, directives, base_length=None, base_digest=None, prompt=None, strict=False):
+def run_splice(
+    eng: EmbeddedEngine, pinned, directives, base_length=None, base_digest=None, prompt=None, strict=False, blocks=None
+):
     """The executor on the embedded engine: (new pinned, report)."""
-    return splice(eng, pinned, SpliceRequest(directives, base_length, base_digest, strict, prompt))
+    return splice(eng, pinned, SpliceRequest(directives, base_length, base_digest, strict, prompt, blocks or {}))
 
 
 def pool_rows(eng: EmbeddedEngine, slots: torch.Tensor) -> torch.Tensor:

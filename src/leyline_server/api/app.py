@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
-from leyline_server.api import chat_routes, leyline_routes
+from leyline_server.api import blocks_routes, chat_routes, leyline_routes
 from leyline_server.api.deps import Owner, Service
 from leyline_server.api.errors import error_body, install_error_handlers
 from leyline_server.api.service import LeylineService
@@ -101,4 +101,5 @@ def create_app(service: LeylineService) -> FastAPI:
     _system_routes(app)
     app.include_router(chat_routes.router)
     app.include_router(leyline_routes.router)
+    app.include_router(blocks_routes.router)
     return app

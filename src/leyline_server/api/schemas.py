@@ -16,6 +16,7 @@ from leyline_sdk.wire import BaseRef, LeylineRequest
 
 __all__ = [
     "BaseRef",
+    "BlockCreateRequest",
     "ChatCompletionRequest",
     "DirectivesRequest",
     "LeylineRequest",
@@ -92,6 +93,16 @@ class SessionCreateRequest(BaseModel):
     messages: list[Message] | None = None
     tools: list[dict[str, Any]] | None = None
     tokens: list[int] | None = None
+
+
+class BlockCreateRequest(BaseModel):
+    """Create a block from token ids or from messages (exactly one of them)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokens: list[int] | None = None
+    messages: list[Message] | None = Field(default=None, min_length=1)
+    tools: list[dict[str, Any]] | None = None
 
 
 class DirectivesRequest(BaseModel):

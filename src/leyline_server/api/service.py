@@ -18,43 +18,16 @@ from leyline_sdk.directives import Directive, digest
 from leyline_sdk.errors import RenderError
 from leyline_sdk.rendering import HFChatTokenizer, RenderedConversation
 from leyline_sdk.wire import BaseRef, FallbackInfo, LeylineRequest, LeylineResult
+from leyline_server.api.config import ServerConfig
 from leyline_server.api.errors import APIError
 from leyline_server.api.metrics import Metrics
 from leyline_server.api.schemas import Message
+from leyline_server.blocks import Block, BlockStore
 from leyline_server.engines.base import CacheScope, CapacityError, Engine, Handle, SpliceRequest, Turn
 from leyline_server.sessions import Session, SessionStore
 from leyline_server.splice import SpliceError, SpliceReport, strict_status
 
 __all__ = ["ServerConfig", "LeylineService", "ChatTurn"]
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    """Server settings and limits (the CLI's flags)."""
-
-    model_name: str
-    served_model_names: tuple[str, ...] = ()
-    api_keys: frozenset[str] = frozenset()
-    isolate_keys: bool | None = None  # None: on when API keys are configured
-    auto_splice: bool = False
-    max_body_bytes: int = 8 * 2**20
-    max_directives: int = 256
-    max_replacement_tokens: int = 16_384
-    max_context_tokens: int | None = None
-    max_sessions_per_key: int = 1024
-    max_sessions: int = 4096
-    session_ttl_s: float = 3600.0
-    default_max_tokens: int | None = None
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        """Model names requests may ask for."""
-        return self.served_model_names or (self.model_name,)
-
-    @property
-    def isolated(self) -> bool:
-        """Whether each API key gets its own prefix cache."""
-        return bool(self.api_keys) if self.isolate_keys is None else self.isolate_keys
 
 
 @dataclass
@@ -76,6 +49,7 @@ class LeylineService:
         self.chat = HFChatTokenizer(tokenizer)
         self.config = config
         self.metrics = Metrics()
+        self.blocks = BlockStore(release=engine.release, max_per_key=config.max_blocks_per_key)
         self.sessions = SessionStore(
             release=engine.release,
             ttl_s=config.session_ttl_s,
@@ -199,11 +173,11 @@ class LeylineService:
         if not ext.directives:
             return None, None, False
         ref = ext.base
-        return (
-            SpliceRequest(ext.directives, ref.length if ref else None, ref.digest if ref else None, ext.strict, prompt),
-            None,
-            False,
+        blocks = self.blocks.resolve((d.block for d in ext.directives), session.owner)
+        request = SpliceRequest(
+            ext.directives, ref.length if ref else None, ref.digest if ref else None, ext.strict, prompt, blocks
         )
+        return request, None, False
 
     def shed(self, tokens: int, keep: Session | None = None) -> bool:
         """Drop least recently used idle sessions holding at least ``tokens`` cached tokens.
@@ -361,7 +335,9 @@ class LeylineService:
             handle, session.handle = session.handle, None
             if handle is None:
                 raise APIError(404, "session_not_found", f"session {session_id!r} holds no cache", "session_id")
-            request = SpliceRequest(directives, base.length if base else None, base.digest if base else None, strict)
+            blocks = self.blocks.resolve((d.block for d in directives), owner)
+            ref = (base.length, base.digest) if base else (None, None)
+            request = SpliceRequest(directives, ref[0], ref[1], strict, blocks=blocks)
             try:
                 session.handle, report = await self.engine.splice(handle, request)
             except SpliceError as exc:
@@ -374,8 +350,32 @@ class LeylineService:
         self.metrics.record_tokens(report.reused_tokens, report.rotated_tokens, report.prefilled_tokens, 0)
         return session, report
 
+    async def open_block(self, owner: str | None, tokens: list[int]) -> Block:
+        """Prefill ``tokens`` alone at positions ``[0, n)`` and keep them as a block."""
+        if not tokens:
+            raise APIError(400, "empty_block", "a block needs at least one token", "tokens")
+        self.check_tokens(tokens, "tokens")
+        block_id = self.blocks.new_id()
+        scope = CacheScope(self.salt(owner), f"block:{block_id}")
+        for attempt in range(2):
+            try:
+                return self.blocks.add(block_id, owner, await self.engine.open(tokens, scope))
+            except CapacityError as exc:
+                if attempt or not self.shed(len(tokens)):
+                    raise APIError(503, "capacity", f"no room for the block: {exc}") from exc
+        raise AssertionError("unreachable")
+
+    def get_block(self, block_id: str, owner: str | None) -> Block:
+        """The caller's block or 404 (also for another key's block)."""
+        block = self.blocks.get(block_id, owner)
+        if block is None:
+            raise APIError(404, "block_not_found", f"unknown block {block_id!r}", "block_id")
+        return block
+
     async def shutdown(self) -> None:
-        """Release every session and stop the engine."""
+        """Release every session and block and stop the engine."""
         for session in self.sessions.all():
             self.sessions.drop(session)
+        for block in self.blocks.all():
+            self.blocks.drop(block)
         await self.engine.close()

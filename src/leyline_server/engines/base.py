@@ -25,7 +25,7 @@ Rules every engine keeps (tests check them on the embedded engine):
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -175,13 +175,18 @@ class SpliceBackend(Protocol):
 
 @dataclass(frozen=True)
 class SpliceRequest:
-    """Directives for a session, with the client's view of its base and the strictness."""
+    """Directives for a session, with the client's view of its base and the strictness.
+
+    ``blocks`` holds the precompiled blocks the directives may name (already resolved for the
+    caller's key: a name missing here is an unknown block).
+    """
 
     directives: Sequence[Directive]
     base_length: int | None = None
     base_digest: str | None = None
     strict: bool = False
     prompt: Sequence[int] | None = None
+    blocks: Mapping[str, Handle] = field(default_factory=dict)
 
 
 @dataclass

@@ -9,12 +9,13 @@ common prefix and equals a fresh prefill) and the report says why; ``strict`` ra
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from leyline_sdk.directives import apply, check, digest
+from leyline_sdk.directives import Directive, KeptRun, apply, check, digest
 from leyline_sdk.errors import DirectiveError
 from leyline_server.engines.base import CapacityError, Handle, ModelInfo, SpliceBackend, SpliceRequest
-from leyline_server.splice.plan import SplicePlan, plan_splice
+from leyline_server.splice.plan import Fill, SplicePlan, plan_splice
 from leyline_server.splice.report import Fallback, FallbackCode, Refused, SpliceError, SpliceReport
 
 __all__ = ["splice", "validate", "CANARY_TOKENS"]
@@ -22,8 +23,24 @@ __all__ = ["splice", "validate", "CANARY_TOKENS"]
 CANARY_TOKENS = 4
 
 
-def validate(info: ModelInfo, base: list[int], request: SpliceRequest) -> list[int]:
-    """``apply(base, directives)``, or :class:`Refused` with the code of the first problem."""
+def _resolve_blocks(directives: Sequence[Directive], blocks: Mapping[str, Handle]) -> list[Directive]:
+    """Directives with each named block's tokens as the replacement (``Refused`` if unknown or different)."""
+    out = []
+    for i, d in enumerate(directives):
+        if d.block is None:
+            out.append(d)
+            continue
+        block = blocks.get(d.block)
+        if block is None:
+            raise Refused(FallbackCode.SPAN_INVALID, f"directive {i}: unknown block {d.block!r}")
+        if d.replacement and tuple(d.replacement) != tuple(block.tokens):
+            raise Refused(FallbackCode.SPAN_INVALID, f"directive {i}: replacement differs from block {d.block!r}")
+        out.append(d if d.replacement else d.model_copy(update={"replacement": tuple(block.tokens)}))
+    return out
+
+
+def validate(info: ModelInfo, base: list[int], request: SpliceRequest) -> tuple[list[int], list[Directive]]:
+    """(``apply(base, directives)``, the directives with blocks resolved), or :class:`Refused`."""
     if request.base_length is not None and request.base_length != len(base):
         raise Refused(FallbackCode.BASE_MISMATCH, f"client base length {request.base_length}, server has {len(base)}")
     if request.base_digest is not None and request.base_digest != digest(base):
@@ -32,15 +49,16 @@ def validate(info: ModelInfo, base: list[int], request: SpliceRequest) -> list[i
         check(request.directives, len(base))
     except DirectiveError as exc:
         raise Refused(FallbackCode.SPAN_INVALID, str(exc)) from exc
-    for i, d in enumerate(request.directives):
+    directives = _resolve_blocks(request.directives, request.blocks)
+    for i, d in enumerate(directives):
         bad = [t for t in d.replacement if t >= info.vocab_size]
         if bad:
             raise Refused(FallbackCode.TOKEN_INVALID, f"directive {i}: token {bad[0]} >= vocab size {info.vocab_size}")
-    new = apply(base, request.directives)
+    new = apply(base, directives)
     prompt = request.prompt
     if prompt is not None and list(prompt[: len(new)]) != new:
         raise Refused(FallbackCode.PROMPT_MISMATCH, "apply(base, directives) is not a prefix of the prompt")
-    return new
+    return new, directives
 
 
 def _elapsed(started: float) -> float:
@@ -77,43 +95,56 @@ def _forget(
     return result.handle, report
 
 
-def _check_moves(engine: SpliceBackend, handle: Handle, plan: SplicePlan) -> None:
+def _check_moves(engine: SpliceBackend, handle: Handle, plan: SplicePlan, blocks: Mapping[str, Handle]) -> None:
     info = engine.info
-    if not info.shiftable and any(run.shift for run in plan.moves):
+    if not info.shiftable and (any(run.shift for run in plan.moves) or plan.places):
         raise Refused(FallbackCode.ROPE_UNSUPPORTED, info.unshiftable_reason or "RoPE not shiftable")
     shifted = [p for run in plan.moves if run.shift for p in range(run.old_start, run.old_end)]
-    counts = engine.rotation_counts(handle, shifted) if shifted else None
+    counts = list(engine.rotation_counts(handle, shifted) or []) if shifted else []
+    for place in plan.places:
+        counts += engine.rotation_counts(blocks[place.block], range(place.start, place.end)) or []
     if counts and max(counts) + 1 > engine.rotation_budget:
         raise Refused(FallbackCode.DRIFT_BUDGET, f"a slot would pass its rotation budget of {engine.rotation_budget}")
 
 
 def _canary_sample(plan: SplicePlan, base: Sequence[int]) -> tuple[list[int], list[int]]:
+    """Up to ``CANARY_TOKENS`` (new position, token) pairs spread over the moved and placed rows."""
     old, new = plan.moved_positions()
-    if not old:
+    pairs = [(n, base[o]) for o, n in zip(old, new, strict=True)]
+    for place in plan.places:
+        pairs += [(place.at + i, t) for i, t in enumerate(place.tokens)]
+    if not pairs:
         return [], []
-    n = min(CANARY_TOKENS, len(old))
-    picks = sorted({round(i * (len(old) - 1) / max(n - 1, 1)) for i in range(n)})
-    return [new[i] for i in picks], [base[old[i]] for i in picks]
+    n = min(CANARY_TOKENS, len(pairs))
+    picks = sorted({round(i * (len(pairs) - 1) / max(n - 1, 1)) for i in range(n)})
+    return [pairs[i][0] for i in picks], [pairs[i][1] for i in picks]
 
 
-def _amortize(engine: SpliceBackend, handle: Handle, plan: SplicePlan, started: float) -> tuple[Handle, SpliceReport]:
-    _check_moves(engine, handle, plan)
+def _walk(engine: SpliceBackend, stage: Any, handle: Handle, plan: SplicePlan, blocks: Mapping[str, Handle]) -> str:
+    """Moves, then every step in order, then the canary; returns the canary's verdict."""
+    if plan.moves:
+        engine.move(stage, handle, plan.moves)
+    for step in plan.steps:
+        if isinstance(step, Fill):
+            engine.fill(stage, step.at, step.tokens)
+        else:
+            engine.move(stage, blocks[step.block], [KeptRun(step.start, step.end, step.at)])
+    positions, tokens = _canary_sample(plan, handle.tokens)
+    if not positions:
+        return "skipped"
+    result = engine.canary(stage, positions, tokens)
+    if result.ran and result.error > result.tolerance:
+        raise Refused(FallbackCode.CANARY_FAILED, f"layer-0 keys off by {result.error:.2e} (relative) after rotation")
+    return "passed" if result.ran else "unavailable"
+
+
+def _amortize(
+    engine: SpliceBackend, handle: Handle, plan: SplicePlan, blocks: Mapping[str, Handle], started: float
+) -> tuple[Handle, SpliceReport]:
+    _check_moves(engine, handle, plan, blocks)
     stage = engine.begin(handle, plan.keep)
-    canary = "skipped"
     try:
-        if plan.moves:
-            engine.move(stage, handle, plan.moves)
-            positions, tokens = _canary_sample(plan, handle.tokens)
-            result = engine.canary(stage, positions, tokens)
-            if result.ran and result.error > result.tolerance:
-                raise Refused(
-                    FallbackCode.CANARY_FAILED, f"layer-0 keys off by {result.error:.2e} (relative) after rotation"
-                )
-            canary = "passed" if result.ran else "unavailable"
-        for fill in plan.fills:
-            engine.fill(stage, fill.at, fill.tokens)
-        if plan.tail:
-            engine.fill(stage, plan.cut, plan.tail)
+        canary = _walk(engine, stage, handle, plan, blocks)
     except BaseException:
         engine.abort(stage)
         raise
@@ -154,11 +185,11 @@ def _splice(
     handle = lease.handle
     new: list[int] | None = None
     try:
-        new = validate(engine.info, handle.tokens, request)
-        plan = plan_splice(handle.tokens, request.directives, handle.cached, exact=handle.exact)
+        new, directives = validate(engine.info, handle.tokens, request)
+        plan = plan_splice(handle.tokens, directives, handle.cached, exact=handle.exact)
         if plan.is_reprefill:
             return _forget(engine, lease, new, started, None)
-        return _amortize(engine, handle, plan, started)
+        return _amortize(engine, handle, plan, request.blocks, started)
     except (Refused, CapacityError) as exc:
         code, message = (exc.code, exc.message) if isinstance(exc, Refused) else (FallbackCode.CAPACITY, str(exc))
         if request.strict:

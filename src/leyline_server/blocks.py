@@ -1,0 +1,92 @@
+"""Precompiled KV blocks: token runs whose KV is computed once, kept, and relocated into contexts.
+
+A block (a skill, tool instructions, a retrieved document, user memory) is prefilled alone at
+positions ``[0, n)`` and pinned. A directive naming it (``{"block": id}``) places a rotated copy
+of its rows where it lands instead of prefilling it (O(n) instead of attention over the whole
+context). Blocks belong to the API key that made them (another key's id is unknown to it), count
+against the KV pool while kept, and are dropped least recently used past the per-key cap.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from leyline_server.engines.base import Handle
+
+__all__ = ["Block", "BlockStore"]
+
+
+@dataclass(eq=False)
+class Block:
+    """One kept block: its id, owner and pinned handle (``handle.tokens`` are its tokens)."""
+
+    id: str
+    owner: str | None
+    handle: Handle
+    last_used: float = 0.0
+
+    @property
+    def tokens(self) -> list[int]:
+        """The block's tokens."""
+        return list(self.handle.tokens)
+
+
+class BlockStore:
+    """Blocks by id, least recently used first, at most ``max_per_key`` per key."""
+
+    def __init__(
+        self, release: Callable[[Handle], None], max_per_key: int = 256, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if max_per_key <= 0:
+            raise ValueError("max_per_key must be positive")
+        self._blocks: OrderedDict[str, Block] = OrderedDict()
+        self._release = release
+        self.max_per_key = max_per_key
+        self._clock = clock
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    @staticmethod
+    def new_id() -> str:
+        """An unguessable block id."""
+        return "blk_" + secrets.token_urlsafe(15)
+
+    def add(self, block_id: str, owner: str | None, handle: Handle) -> Block:
+        """Keep a prefilled block (dropping the owner's least recently used ones past the cap)."""
+        mine = [b for b in self._blocks.values() if b.owner == owner]
+        for old in mine[: max(len(mine) - self.max_per_key + 1, 0)]:
+            self.drop(old)
+        block = Block(block_id, owner, handle, self._clock())
+        self._blocks[block_id] = block
+        return block
+
+    def get(self, block_id: str, owner: str | None) -> Block | None:
+        """The block, if it exists and belongs to ``owner`` (marked as just used)."""
+        block = self._blocks.get(block_id)
+        if block is None or block.owner != owner:
+            return None
+        block.last_used = self._clock()
+        self._blocks.move_to_end(block_id)
+        return block
+
+    def resolve(self, names: Iterable[str | None], owner: str | None) -> dict[str, Handle]:
+        """The handles of the named blocks ``owner`` may use (unknown names are left out)."""
+        found = {}
+        for name in names:
+            if name is not None and (block := self.get(name, owner)) is not None:
+                found[name] = block.handle
+        return found
+
+    def drop(self, block: Block) -> None:
+        """Forget a block and release its KV."""
+        if self._blocks.pop(block.id, None) is not None:
+            self._release(block.handle)
+
+    def all(self) -> list[Block]:
+        """Every kept block (a snapshot)."""
+        return list(self._blocks.values())
