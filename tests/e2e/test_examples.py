@@ -64,3 +64,17 @@ def test_debug_gym_agent_says_what_it_needs():
     out = run("debug_gym_agent.py")
     assert out.returncode == 2
     assert "debug-gym is not installed" in out.stderr or "a real model is needed" in out.stderr
+
+
+def test_a_wrong_base_url_is_one_line_not_a_traceback():
+    from tests.e2e.server_helpers import free_port, make_service, running_server
+
+    out = run("agent_loop.py", "--turns", "1", "--base-url", f"http://127.0.0.1:{free_port()}/v1", timeout=120)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert (
+        out.stderr.startswith("leyline: cannot reach http://127.0.0.1:") and len(out.stderr.strip().splitlines()) == 1
+    )
+    with running_server(make_service()) as url:
+        out = run("openai_drop_in.py", "--base-url", url, timeout=120)  # forgot the /v1
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "does the URL end in /v1?" in out.stderr and len(out.stderr.strip().splitlines()) == 1
