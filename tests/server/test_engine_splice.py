@@ -1,4 +1,4 @@
-"""Engine-level oracles (DESIGN §6): an amortize splice against a fresh prefill of the edited sequence."""
+"""Engine-level oracles (docs/design.md §3): an amortize splice against a fresh prefill of the edited sequence."""
 
 from __future__ import annotations
 
