@@ -7,10 +7,14 @@ A policy looks at the conversation and proposes edits; it knows nothing of token
         def propose(self, conversation: Conversation) -> list[Edit]: ...
 
 Edits keep the conversation well-formed: an edit replaces a message's *content* (a stub), never
-removes a message, so every tool result still answers its tool call. Plain functions
-``(Conversation) -> list[Edit]`` are policies too (:func:`as_policy`), and policies compose with
-``|`` into a :class:`~leyline_policies.chain.Chain`. ``Mode`` is the SDK's
-(``leyline_sdk.directives``, the pure directive algebra: the only SDK module policies use).
+removes a message, so every tool result still answers its tool call. An edit says what kind of
+change it is (:class:`EditKind`): ``evict`` (stub an output whose conclusions may stay:
+``amortize``), ``redact`` (the content must leave the model's view: ``forget``) or ``correct`` (a
+fact changed: ``forget`` from the changed field, or an :class:`~leyline_policies.errata.Erratum`
+appended at the end). Plain functions ``(Conversation) -> list[Edit]`` are policies too
+(:func:`as_policy`), and policies compose with ``|`` into a :class:`~leyline_policies.chain.Chain`.
+``Mode`` is the SDK's (``leyline_sdk.directives``, the pure directive algebra: the only SDK module
+policies use).
 """
 
 from __future__ import annotations
@@ -18,20 +22,26 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from functools import cached_property
 from typing import Any, Protocol, runtime_checkable
 
+from leyline_policies.errata import Erratum
 from leyline_sdk.directives import Mode
 
 __all__ = [
     "Conversation",
     "Edit",
+    "EditKind",
+    "Erratum",
     "Mode",
     "Policy",
     "PolicyBase",
     "FunctionPolicy",
     "as_policy",
     "apply_edits",
+    "merge_edits",
+    "correct_field",
     "content_text",
     "as_mode",
 ]
@@ -116,23 +126,106 @@ class Conversation:
         return index
 
 
-@dataclass(frozen=True)
-class Edit:
-    """Replace message ``index``'s content by ``replacement``, realised per ``mode``.
+class EditKind(str, Enum):
+    """What an edit changes for the model; it decides the edit's default mode.
 
-    ``mode`` is a :class:`~leyline_sdk.directives.Mode`; the strings ``"amortize"`` and
-    ``"forget"`` are accepted and normalised to it.
+    * ``evict`` — stub an output whose conclusions may stay (``amortize``: downstream tokens keep
+      the notes they took from it). Right for a stale output whose facts still hold.
+    * ``redact`` — the content must leave the model's view (``forget``: everything from the edit
+      on is recomputed).
+    * ``correct`` — a fact changed. Either ``forget`` from the changed field (the new value in
+      place, everything after it recomputed), or an *erratum* (:attr:`Edit.erratum`): the old
+      output stays, a short correction is appended at the end, nothing is invalidated.
+    """
+
+    EVICT = "evict"
+    REDACT = "redact"
+    CORRECT = "correct"
+
+
+_RANK = {EditKind.EVICT: 0, EditKind.CORRECT: 1, EditKind.REDACT: 2}
+
+
+def _resolve(kind: EditKind | str | None, mode: Mode | str | None, erratum: Erratum | None) -> tuple[EditKind, Mode]:
+    """The (kind, mode) of an edit: each derived from the other where not given; contradictions raise."""
+    if kind is None:
+        m = as_mode(mode) if mode is not None else Mode.AMORTIZE
+        k = EditKind.CORRECT if erratum is not None else EditKind.REDACT if m is Mode.FORGET else EditKind.EVICT
+        return k, m
+    try:
+        k = EditKind(kind)
+    except ValueError:
+        raise ValueError(f"kind must be 'evict', 'redact' or 'correct', got {kind!r}") from None
+    if mode is not None:
+        m = as_mode(mode)
+    else:
+        m = Mode.AMORTIZE if k is EditKind.EVICT or erratum is not None else Mode.FORGET
+    if k is EditKind.REDACT and m is not Mode.FORGET:
+        raise ValueError("a redact edit must be 'forget': redacted content must leave the model's view")
+    if k is EditKind.CORRECT and erratum is None and m is not Mode.FORGET:
+        raise ValueError(
+            "a correct edit needs mode 'forget' or an erratum: amortize would keep the model reasoning on the old value"
+        )
+    if k is EditKind.EVICT and erratum is not None:
+        raise ValueError("an erratum belongs to a 'correct' (or 'redact') edit, not to 'evict'")
+    return k, m
+
+
+@dataclass(frozen=True, init=False)
+class Edit:
+    """Replace message ``index``'s content by ``replacement``; say what kind of change it is.
+
+    ``kind`` (:class:`EditKind`) and ``mode`` (a :class:`~leyline_sdk.directives.Mode`; the strings
+    ``"amortize"`` / ``"forget"`` are accepted) are derived from each other where one is left out:
+    ``evict`` → ``amortize``, ``redact`` → ``forget``, ``correct`` → ``forget``, or ``amortize``
+    with an erratum; without a kind, ``forget`` reads as ``redact`` and ``amortize`` as ``evict``.
+    ``replacement=None`` leaves the content as it is (an erratum-only correction). ``erratum`` (a
+    text or an :class:`~leyline_policies.errata.Erratum`) is appended after the last message when
+    first issued and stays there::
+
+        Edit(3, "[evicted: read_file(path=\"a.py\") output, 1,234 chars]")          # evict, amortize
+        Edit(1, "my key is [redacted]", kind="redact")                             # forget
+        Edit(3, None, kind="correct", erratum="a.py changed after it was read: ...")  # amortize + erratum
     """
 
     index: int
-    replacement: str
-    mode: Mode = Mode.AMORTIZE
-    reason: str = ""
-    policy: str = ""
-    removed_chars: int = field(default=0, compare=False)
+    replacement: str | None
+    mode: Mode
+    reason: str
+    policy: str
+    removed_chars: int = field(compare=False)
+    kind: EditKind
+    erratum: Erratum | None
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "mode", as_mode(self.mode))
+    def __init__(
+        self,
+        index: int,
+        replacement: str | None,
+        mode: Mode | str | None = None,
+        reason: str = "",
+        policy: str = "",
+        removed_chars: int = 0,
+        *,
+        kind: EditKind | str | None = None,
+        erratum: Erratum | str | None = None,
+    ) -> None:
+        if replacement is not None and not isinstance(replacement, str):
+            raise TypeError(f"replacement must be a string or None, got {type(replacement).__name__}")
+        note = Erratum(erratum) if isinstance(erratum, str) else erratum
+        if replacement is None and note is None:
+            raise ValueError("an edit needs a replacement, an erratum, or both")
+        k, m = _resolve(kind, mode, note)
+        for name, value in (
+            ("index", index),
+            ("replacement", replacement),
+            ("mode", m),
+            ("reason", reason),
+            ("policy", policy),
+            ("removed_chars", removed_chars),
+            ("kind", k),
+            ("erratum", note),
+        ):
+            object.__setattr__(self, name, value)
 
 
 @runtime_checkable
@@ -182,10 +275,77 @@ def as_policy(obj: Policy | Callable[[Conversation], list[Edit]]) -> Policy:
 
 
 def apply_edits(messages: Sequence[Mapping[str, Any]], edits: Sequence[Edit]) -> list[dict[str, Any]]:
-    """The messages with every edit applied (later edits to the same message win)."""
+    """The messages with every edit's replacement applied (later edits to the same message win).
+
+    Errata are not inserted here (indices stay those of ``messages``); ``run_policies`` does that.
+    """
     out = [dict(m) for m in messages]
     for edit in edits:
         if not 0 <= edit.index < len(out):
             raise IndexError(f"edit names message {edit.index}; the conversation has {len(out)}")
-        out[edit.index]["content"] = edit.replacement
+        if edit.replacement is not None:
+            out[edit.index]["content"] = edit.replacement
     return out
+
+
+def merge_edits(earlier: Edit, later: Edit, keep_forget: bool = True) -> Edit:
+    """One edit for a message two edits name.
+
+    The content is ``later``'s unless it leaves it (``None``) or repeats ``earlier``'s; an erratum
+    once given is kept (``earlier``'s first: errata are byte-stable). Within one turn
+    (``keep_forget``) ``forget`` is never downgraded and the stronger kind wins (``redact`` over
+    ``correct`` over ``evict``); across turns the new content brings its own mode, since the old
+    one was already realised.
+    """
+    new_content = later.replacement is not None and later.replacement != earlier.replacement
+    source = later if new_content else earlier
+    erratum = earlier.erratum or later.erratum
+    mode = source.mode
+    kind = source.kind
+    if keep_forget:
+        mode = Mode.FORGET if Mode.FORGET in (earlier.mode, later.mode) else mode
+        kind = max(earlier.kind, later.kind, key=_RANK.__getitem__)
+    if erratum is not None and kind is EditKind.EVICT:
+        kind = EditKind.CORRECT
+    told = new_content or (later.erratum is not None and earlier.erratum is None)
+    return Edit(
+        earlier.index,
+        source.replacement,
+        mode,
+        later.reason if told else earlier.reason,
+        later.policy if told else earlier.policy,
+        source.removed_chars,
+        kind=kind,
+        erratum=erratum,
+    )
+
+
+def correct_field(
+    conversation: Conversation,
+    index: int,
+    old: str,
+    new: str,
+    strategy: str = "forget",
+    reason: str = "a fact changed",
+    policy: str = "",
+    erratum: str | None = None,
+    role: str = "user",
+) -> Edit:
+    """A ``correct`` edit for a changed field of message ``index`` (``old`` is now ``new``).
+
+    ``strategy="forget"``: the first ``old`` in the content becomes ``new`` and everything from
+    that field on is recomputed (the directive starts at the field's first changed token).
+    ``strategy="erratum"``: the content stays; an erratum (``erratum``, or a default naming both
+    values) is appended at the end::
+
+        correct_field(conv, 6, '"status": "open"', '"status": "closed"', strategy="erratum")
+    """
+    text = content_text(conversation.messages[index])
+    if old not in text:
+        raise ValueError(f"message {index} does not contain {old!r}")
+    if strategy == "forget":
+        return Edit(index, text.replace(old, new, 1), kind=EditKind.CORRECT, reason=reason, policy=policy)
+    if strategy == "erratum":
+        note = erratum or f"In an earlier message, {old!r} is outdated: the current value is {new!r}."
+        return Edit(index, None, kind=EditKind.CORRECT, reason=reason, policy=policy, erratum=Erratum(note, role))
+    raise ValueError(f"strategy must be 'forget' or 'erratum', got {strategy!r}")

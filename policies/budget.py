@@ -44,5 +44,12 @@ class TokenBudget(PolicyBase):
         if self.count(conversation) <= self.trigger_tokens:
             return []
         edits = self.inner.propose(conversation)
-        freed = sum(max(len(content_text(conversation.messages[e.index])) - len(e.replacement), 0) for e in edits) // 4
+        freed = (
+            sum(
+                max(len(content_text(conversation.messages[e.index])) - len(e.replacement), 0)
+                for e in edits
+                if e.replacement is not None
+            )
+            // 4
+        )
         return edits if freed >= self.min_freed_tokens else []

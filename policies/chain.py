@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from leyline_policies.base import Conversation, Edit, Mode, Policy, PolicyBase, apply_edits, as_policy
+from leyline_policies.base import Conversation, Edit, Policy, PolicyBase, apply_edits, as_policy, merge_edits
 
 __all__ = ["Chain"]
 
@@ -12,8 +12,9 @@ __all__ = ["Chain"]
 class Chain(PolicyBase):
     """Compose policies: ``Chain(a, b)`` (or ``a | b``); nested chains are flattened.
 
-    Later policies see earlier edits applied; when two edit one message the later wins, except
-    that ``forget`` is never downgraded to ``amortize``::
+    Later policies see earlier edits applied; when two edit one message the later content wins,
+    except that ``forget`` is never downgraded to ``amortize``, the stronger kind stays and an
+    erratum is kept (:func:`~leyline_policies.base.merge_edits`)::
 
         policy = Redact([r"sk-\\w+"]) | StaleToolDetector() | TruncateOlderThanN(2)
     """
@@ -35,9 +36,7 @@ class Chain(PolicyBase):
             edits = policy.propose(current)
             for e in edits:
                 earlier = merged.get(e.index)
-                if earlier is not None and earlier.mode is Mode.FORGET and e.mode is not Mode.FORGET:
-                    e = Edit(e.index, e.replacement, Mode.FORGET, e.reason, e.policy, e.removed_chars)
-                merged[e.index] = e
+                merged[e.index] = merge_edits(earlier, e) if earlier is not None else e
             if edits:
                 current = Conversation(tuple(apply_edits(current.messages, edits)), current.tools)
         return [merged[i] for i in sorted(merged)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from leyline_policies.base import Conversation, Edit, Mode, PolicyBase, content_text
+from leyline_policies.base import Conversation, Edit, EditKind, Mode, PolicyBase, content_text
 
 __all__ = ["Redact"]
 
@@ -48,7 +48,7 @@ class Redact(PolicyBase):
             for pattern in self.patterns:
                 redacted = pattern.sub(self.placeholder, redacted)
             if redacted != text:
-                edits.append(
-                    Edit(i, redacted, Mode.FORGET, "matched a redaction pattern", self.name, len(text) - len(redacted))
-                )
+                removed = len(text) - len(redacted)
+                reason = "matched a redaction pattern"
+                edits.append(Edit(i, redacted, Mode.FORGET, reason, self.name, removed, kind=EditKind.REDACT))
         return edits

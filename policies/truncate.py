@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from leyline_policies.base import Conversation, Edit, Mode, PolicyBase, as_mode, content_text
+from leyline_policies.base import Conversation, Edit, EditKind, Mode, PolicyBase, as_mode, content_text
 from leyline_policies.stubs import is_stub, tool_stub
 
 __all__ = ["TruncateOlderThanN"]
@@ -47,9 +47,7 @@ class TruncateOlderThanN(PolicyBase):
             text = content_text(message)
             if age < self.n or len(text) <= self.min_chars or is_stub(text):
                 continue
-            edits.append(
-                Edit(
-                    i, tool_stub(tool, args, len(text)), self.mode, f"tool output {age} turns old", self.name, len(text)
-                )
-            )
+            stub = tool_stub(tool, args, len(text))
+            reason = f"tool output {age} turns old"
+            edits.append(Edit(i, stub, self.mode, reason, self.name, len(text), kind=EditKind.EVICT))
         return edits

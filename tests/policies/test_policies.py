@@ -73,10 +73,10 @@ def test_truncate_excludes_tools_and_validates():
 
 
 def test_stale_tool_detector_table():
-    edits = {e.index: e.reason for e in StaleToolDetector().propose(conv())}
+    edits = {e.index: (e.reason, e.kind) for e in StaleToolDetector().propose(conv())}
     assert edits == {
-        3: "superseded by a later read",  # app.py read again at 12 (and written at 10)
-        6: "failed call that was retried",  # pytest errored, run again at 8
+        3: ("invalidated by a later write", "correct"),  # app.py written at 10 (and read again at 12)
+        6: ("failed call that was retried", "evict"),  # pytest errored, run again at 8
     }
     with_writes_only = StaleToolDetector(read_tools={"read_file"}, write_tools={"write_file"})
     messages = make_conversation()[:11]  # before the re-read: the write invalidates the read
@@ -84,6 +84,10 @@ def test_stale_tool_detector_table():
         3: "invalidated by a later write",
         6: "failed call that was retried",
     }
+    # a re-read with no write in between supersedes: evicted, its conclusions hold
+    reread = make_conversation()[:5] + make_conversation()[11:13]
+    (edit,) = StaleToolDetector().propose(conv(reread))
+    assert (edit.index, edit.reason, edit.kind, edit.mode) == (3, "superseded by a later read", "evict", "amortize")
 
 
 def test_stale_duplicates_and_custom_resource_keys():
@@ -135,8 +139,10 @@ def test_chain_flattens_merges_and_never_downgrades_forget():
     chain = redact | StaleToolDetector() | TruncateOlderThanN(2)
     assert isinstance(chain, Chain) and len(chain.policies) == 3
     edits = {e.index: e for e in chain.propose(conv(messages))}
-    assert edits[3].mode == "forget" and edits[3].replacement.startswith("[stale: read_file")
-    assert edits[4].mode == "amortize"
+    # redacted (forget), then found outdated by the detector: its stub, forget kept, kind redact, erratum kept
+    assert edits[3].mode == "forget" and edits[3].replacement.startswith("[outdated: read_file")
+    assert edits[3].kind == "redact" and edits[3].erratum is not None
+    assert edits[4].mode == "amortize" and edits[4].kind == "evict"
     well_formed(messages, apply_edits(messages, list(edits.values())))
 
 

@@ -37,3 +37,40 @@ def make_conversation():
         {"role": "tool", "tool_call_id": "c7", "content": "1 passed"},  # 14
         {"role": "assistant", "content": "Fixed: add used subtraction."},  # 15
     ]
+
+
+OLD_APP = "def add(a, b):\n    return a - b\n"
+NEW_APP = "def add(a, b):\n    return a + b\n"
+
+
+def read_write_conversation(reread: bool = False):
+    """Read app.py, rewrite it, (optionally read it again), run the tests: a fact changed at 4."""
+    messages = [
+        {"role": "system", "content": "You are a coding agent."},  # 0
+        {"role": "user", "content": "add() is wrong. Fix it."},  # 1
+        {"role": "assistant", "content": None, "tool_calls": [call("c1", "read_file", path="app.py")]},  # 2
+        {"role": "tool", "tool_call_id": "c1", "content": OLD_APP},  # 3
+        {
+            "role": "assistant",
+            "content": "It subtracts; fixing.",  # 4
+            "tool_calls": [call("c2", "write_file", path="app.py", content=NEW_APP)],
+        },
+        {"role": "tool", "tool_call_id": "c2", "content": "wrote 32 bytes"},  # 5
+    ]
+    if reread:
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [call("c3", "read_file", path="app.py")]},  # 6
+            {"role": "tool", "tool_call_id": "c3", "content": NEW_APP},  # 7
+        ]
+    return messages
+
+
+def later_turns(start: int, count: int):
+    """``count`` more agent turns: each runs a command and gets its output (call ids from ``start``)."""
+    out = []
+    for k in range(start, start + count):
+        out += [
+            {"role": "assistant", "content": None, "tool_calls": [call(f"r{k}", "run", cmd=f"pytest -k t{k}")]},
+            {"role": "tool", "tool_call_id": f"r{k}", "content": f"{k} passed in 0.0{k}s"},
+        ]
+    return out
