@@ -137,7 +137,7 @@ class LeylineSession:
         effective, edits, report = leyline_policies.run_policies(self.history, self.policies, tools, sticky=self.sticky)
         self.sticky = edits
         self.effective = effective
-        return effective, {c.index: Mode(c.mode) for c in report.cleared}, report
+        return effective, report.modes(), report  # by effective index: errata shift later messages
 
     def _seen_view(self, prompt: RenderedConversation, k: int, old: RenderedConversation) -> RenderedConversation:
         """The new rendering of the ``k`` seen messages, followed by the base's generation prompt."""
