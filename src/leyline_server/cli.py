@@ -73,7 +73,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     _model_args(parser)
     _server_args(parser)
-    return parser.parse_args(argv)
+    return _parse_engine_args(parser, sys.argv[1:] if argv is None else list(argv))
+
+
+def _parse_engine_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Leyline's flags; with ``--engine sglang`` every other flag passes through to SGLang.
+
+    ``args.engine_args`` is SGLang's command line (empty for the other engines, which refuse
+    unknown flags as before). Without the sglang extra this prints the install line and exits 2.
+    """
+    known, extra = parser.parse_known_args([a for a in argv if a not in ("-h", "--help")])
+    if known.engine != "sglang":
+        args = parser.parse_args(argv)
+        args.engine_args = []
+        return args
+    from leyline_server.engines.factory import require_extra
+
+    try:
+        require_extra("sglang")
+    except ImportError as exc:
+        print(f"leyline-server: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+    from leyline_server.engines.sglang.launch import sglang_argv, sglang_help
+
+    if "-h" in argv or "--help" in argv:
+        print(parser.format_help())
+        print("SGLang's flags, passed through unchanged (--model-path, --context-length, --mem-fraction-static")
+        print("and an explicit --dtype are handed to SGLang too; --host, --port, --api-key serve Leyline's API):\n")
+        print(sglang_help())
+        raise SystemExit(0)
+    dtype = known.dtype if any(a == "--dtype" or a.startswith("--dtype=") for a in argv) else None
+    known.engine_args = sglang_argv(known.model, extra, known.context_length, known.mem_fraction_static, dtype)
+    return known
 
 
 def kv_budget_mb(args: argparse.Namespace) -> float:
@@ -101,6 +132,7 @@ def build_service(args: argparse.Namespace) -> Any:
         preset_layers=args.preset_layers,
         max_context_tokens=args.context_length,
         served_name=names[0] if names else None,
+        engine_args=getattr(args, "engine_args", ()),
     )
     keys = set(args.api_key) | {k.strip() for k in os.environ.get("LEYLINE_API_KEYS", "").split(",") if k.strip()}
     config = ServerConfig(

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["build_engine", "ENGINES"]
+__all__ = ["build_engine", "require_extra", "ENGINES"]
 
 ENGINES = ("embedded", "sglang", "llamacpp")
 _EXTRAS = {
     "sglang": "pip install 'leyline[sglang]' (GPU machines; see the README)",
     "llamacpp": "pip install 'leyline[llamacpp]' (builds llama.cpp from source, ~20 min on 2 cores)",
 }
+
+
+def require_extra(engine: str) -> None:
+    """Raise ``ImportError`` (with the install command) unless ``engine``'s optional extra is installed."""
+    module = {"sglang": "sglang"}.get(engine)
+    if module is not None and importlib.util.find_spec(module) is None:
+        raise ImportError(f"the {engine} engine needs its extra: {_EXTRAS[engine]}")
 
 
 def build_engine(
@@ -22,11 +31,13 @@ def build_engine(
     preset_layers: int = 2,
     max_context_tokens: int | None = None,
     served_name: str | None = None,
+    engine_args: Sequence[str] = (),
 ) -> tuple[Any, Any]:
     """(engine implementing :class:`~leyline_server.engines.base.Engine`, its tokenizer).
 
     Raises ``ValueError`` for an unknown engine or model, ``ImportError`` (with the install
-    command) when the engine's optional extra is missing.
+    command) when the engine's optional extra is missing. ``engine_args``: the sglang engine's
+    command line (SGLang's flags, model path included); the other engines ignore it.
     """
     if engine == "embedded":
         import torch
@@ -43,6 +54,11 @@ def build_engine(
             max_context_tokens=max_context_tokens,
         )
         return AsyncEmbeddedEngine(core, tokenizer), tokenizer
+    if engine == "sglang":
+        require_extra("sglang")
+        from leyline_server.engines.sglang.launch import build_sglang_engine
+
+        return build_sglang_engine(list(engine_args) or ["--model-path", model], served_name=served_name)
     if engine in _EXTRAS:
         raise ImportError(f"the {engine} engine needs its extra: {_EXTRAS[engine]}")
     raise ValueError(f"unknown engine {engine!r}; engines: {', '.join(ENGINES)}")

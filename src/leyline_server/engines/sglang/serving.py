@@ -1,0 +1,141 @@
+"""The SGLang engine behind the service-facing :class:`~leyline_server.engines.base.Engine` protocol.
+
+Splices and prefills run the executor on worker threads (each blocks on round trips to the
+schedulers, so several sessions proceed at once); decoding is SGLang's own streaming request,
+consumed on the caller's event loop. After a stream the turn's handle is re-pinned on what SGLang
+cached (prompt + generated but the last token, which has no KV yet), as the embedded engine does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import aclosing
+from typing import Any, Protocol, TypeVar
+
+from leyline_server.engines.base import (
+    CacheScope,
+    GenerationStep,
+    Handle,
+    ModelInfo,
+    SamplingParams,
+    SpliceRequest,
+    Turn,
+)
+from leyline_server.engines.sglang.backend import SGLangHandle, SGLangSpliceBackend, Transport
+from leyline_server.engines.sglang.sampling import StepReader, logprob_args, sampling_dict
+from leyline_server.splice import SpliceReport, splice
+
+__all__ = ["AsyncSGLangEngine", "Client"]
+
+T = TypeVar("T")
+
+
+class Client(Transport, Protocol):
+    """A :class:`Transport` that also streams generations and can be closed."""
+
+    def generate(
+        self, tokens: list[int], ns: str | None, sampling: dict[str, Any], extra: dict[str, Any]
+    ) -> AsyncIterator[dict[str, Any]]:
+        """SGLang's stream chunks for a generation after ``tokens``."""
+        ...
+
+    def close(self) -> None:
+        """Stop talking to SGLang."""
+        ...
+
+
+class AsyncSGLangEngine:
+    """:class:`SGLangSpliceBackend` and SGLang's streaming, as an :class:`~leyline_server.engines.base.Engine`.
+
+    ``shutdown`` stops SGLang's processes on :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        info: ModelInfo,
+        shutdown: Callable[[], None] = lambda: None,
+        rotation_budget: int = 64,
+        workers: int = 8,
+    ) -> None:
+        self.client = client
+        self.backend = SGLangSpliceBackend(client, info, rotation_budget)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="leyline-sglang")
+        self._shutdown = shutdown
+
+    @property
+    def info(self) -> ModelInfo:
+        """The served model."""
+        return self.backend.info
+
+    async def _job(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(fn, *args))
+
+    async def open(self, tokens: Sequence[int], scope: CacheScope) -> Handle:
+        """Prefill ``tokens`` through SGLang and pin them."""
+        result = await self._job(self.backend.prefill, list(tokens), scope)
+        return result.handle
+
+    async def start_turn(
+        self, prompt: Sequence[int], scope: CacheScope, session: Handle | None, request: SpliceRequest | None
+    ) -> Turn:
+        """Splice ``session`` if asked, then prefill ``prompt`` (``session`` is consumed as on the embedded engine)."""
+        backend = self.backend
+
+        def job() -> Turn:
+            handle, report = session, None
+            if handle is not None and request is not None and request.directives:
+                handle, report = splice(backend, handle, request)
+            try:
+                result = backend.prefill(prompt, scope, previous=handle)
+            except BaseException:
+                if handle is not None:
+                    backend.release(handle)
+                raise
+            return Turn(result.handle, list(prompt), report, result.reused, result.approximate, result.state)
+
+        return await self._job(job)
+
+    def stream(self, turn: Turn, params: SamplingParams) -> AsyncGenerator[GenerationStep, None]:
+        """Decode after ``turn`` with SGLang; ``turn.handle`` ends pinned on prompt + generated."""
+        return self._stream(turn, params)
+
+    async def _stream(self, turn: Turn, params: SamplingParams) -> AsyncGenerator[GenerationStep, None]:
+        if params.max_tokens == 0:
+            return
+        handle = turn.handle
+        if not isinstance(handle, SGLangHandle):
+            raise TypeError(f"not a handle of the SGLang engine: {type(handle).__name__}")
+        reader = StepReader()
+        chunks = self.client.generate(list(turn.prompt), handle.ns, sampling_dict(params), logprob_args(params))
+        try:
+            async with aclosing(chunks) as stream:  # type: ignore[type-var]
+                async for chunk in stream:
+                    for step in reader.steps(chunk):
+                        turn.generated.append(step.token)
+                        yield step
+        finally:
+            await asyncio.shield(self._repin(turn))
+
+    async def _repin(self, turn: Turn) -> None:
+        old = turn.handle
+        turn.handle = await self._job(self.backend.pin, turn.prompt + turn.generated, old.scope)
+        self.backend.release(old)
+
+    async def splice(self, handle: Handle, request: SpliceRequest) -> tuple[Handle, SpliceReport]:
+        """Apply directives without generating."""
+        return await self._job(splice, self.backend, handle, request)
+
+    def release(self, handle: Handle) -> None:
+        """Unpin ``handle`` (posted to the schedulers; never blocks)."""
+        self.backend.release(handle)
+
+    async def close(self) -> None:
+        """Finish the worker threads, stop the client and SGLang's processes."""
+        await asyncio.get_running_loop().run_in_executor(None, self._pool.shutdown)
+        self.client.close()
+        self._shutdown()
