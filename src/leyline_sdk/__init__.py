@@ -2,7 +2,7 @@
 
 The pure modules (``directives``, ``rendering``, ``incremental``, ``diff``, ``errors``) load
 eagerly and depend on nothing but pydantic; the client side (``AsyncLeyline``, ``Leyline``,
-``LeylineSession``, ``TurnStats``: httpx, openai and ``leyline_policies``) loads on first use, so
+``LeylineSession``, ``TurnStats``, ``Blocks``: httpx, openai and ``leyline_policies``) loads on first use, so
 ``leyline_policies`` and the server can import ``leyline_sdk.directives`` without pulling the
 client in.
 """
@@ -18,6 +18,7 @@ from leyline_sdk.incremental import IncrementalRenderer
 from leyline_sdk.rendering import ChatTokenizer, HFChatTokenizer, RenderedConversation
 
 if TYPE_CHECKING:
+    from leyline_sdk.blocks import Block, Blocks
     from leyline_sdk.client import AsyncLeyline, Leyline
     from leyline_sdk.session import LeylineSession, TurnStats
 
@@ -26,6 +27,8 @@ _LAZY = {
     "Leyline": "leyline_sdk.client",
     "LeylineSession": "leyline_sdk.session",
     "TurnStats": "leyline_sdk.session",
+    "Block": "leyline_sdk.blocks",
+    "Blocks": "leyline_sdk.blocks",
 }
 
 __all__ = [
@@ -33,6 +36,8 @@ __all__ = [
     "Leyline",
     "LeylineSession",
     "TurnStats",
+    "Block",
+    "Blocks",
     "Directive",
     "Mode",
     "apply",

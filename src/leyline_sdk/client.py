@@ -26,6 +26,7 @@ from typing import Any, Literal, TypeVar, overload
 import httpx
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from leyline_sdk.blocks import Blocks
 from leyline_sdk.errors import LeylineError
 from leyline_sdk.renderer import LeylineProbe, LocalRenderer, Renderer, ServerRenderer
 from leyline_sdk.rendering import ChatTokenizer
@@ -71,7 +72,12 @@ class _Chat:
 
 
 class AsyncLeyline:
-    """Async client; see the module docstring."""
+    """Async client; see the module docstring.
+
+    ``seam_repair=k`` (default 0) asks the server to recompute the first ``k`` tokens after every
+    ``amortize`` replacement its sessions send (the seam), and a placed block's first ``k``.
+    ``client.blocks`` creates, reuses and deletes precompiled KV blocks (``leyline_sdk.blocks``).
+    """
 
     def __init__(
         self,
@@ -84,15 +90,20 @@ class AsyncLeyline:
         timeout: float = 600.0,
         http_client: httpx.AsyncClient | None = None,
         max_sessions: int = 256,
+        seam_repair: int = 0,
     ) -> None:
         if max_sessions < 1:
             raise ValueError("max_sessions must be >= 1")
+        if isinstance(seam_repair, bool) or not isinstance(seam_repair, int) or seam_repair < 0:
+            raise ValueError(f"seam_repair must be an int >= 0, got {seam_repair!r}")
         self.transport = Transport(base_url, api_key, timeout=timeout, max_retries=max_retries, http_client=http_client)
         self.probe = LeylineProbe(self.transport)
         self.policies = list(policies)
         self.tokenizer = tokenizer
         self.strict = strict
         self.max_sessions = max_sessions
+        self.seam_repair = seam_repair
+        self.blocks = Blocks(self.transport)
         self.chat = _Chat(self)
         self._sessions: OrderedDict[int, LeylineSession] = OrderedDict()  # LRU: least recent first
         self._evicted: list[LeylineSession] = []
@@ -113,8 +124,9 @@ class AsyncLeyline:
         policies: Sequence[Any] | None = None,
         strict: bool | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        seam_repair: int | None = None,
     ) -> LeylineSession:
-        """A new explicit session (defaults: the client's policies and strictness)."""
+        """A new explicit session (defaults: the client's policies, strictness and seam repair)."""
         session = LeylineSession(
             self.transport,
             self.renderer(),
@@ -122,6 +134,8 @@ class AsyncLeyline:
             self.strict if strict is None else strict,
             tools,
             on_use=self._touch,
+            seam_repair=self.seam_repair if seam_repair is None else seam_repair,
+            blocks=self.blocks,
         )
         self._touch(session)
         return session

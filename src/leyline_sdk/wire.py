@@ -21,6 +21,7 @@ from leyline_sdk.directives import Directive
 
 __all__ = [
     "BaseRef",
+    "BlockInfo",
     "DirectivesResult",
     "FallbackInfo",
     "LeylineRequest",
@@ -117,3 +118,18 @@ class DirectivesResult(SpliceCounts):
     id: str
     object: str = "leyline.session"
     base: BaseRef
+
+
+class BlockInfo(BaseModel):
+    """A precompiled KV block as ``/v1/leyline/blocks`` returns it: its id and exact tokens.
+
+    Blocks belong to the key that made them; a directive ``{"block": id}`` places the block's KV
+    by relocation instead of prefilling its tokens.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    object: str = "leyline.block"
+    length: int = Field(ge=0)
+    tokens: list[int] = Field(default_factory=list)

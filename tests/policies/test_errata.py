@@ -138,6 +138,28 @@ def test_status_flip_erratum_quotes_the_write_and_its_output():
     )
 
 
+def test_erratum_text_is_kept_when_what_it_quotes_is_evicted_later():
+    keys = {"get_ticket": "id", "update_ticket": "id"}
+    detector = StaleToolDetector(read_tools={"get_ticket"}, write_tools={"update_ticket"}, resource_keys=keys)
+    history = [
+        {"role": "user", "content": "Close ticket 7 if it is open."},
+        {"role": "assistant", "content": None, "tool_calls": [call("g", "get_ticket", id=7)]},
+        {"role": "tool", "tool_call_id": "g", "content": json.dumps({"id": 7, "status": "open"})},
+        {"role": "assistant", "content": None, "tool_calls": [call("u", "update_ticket", id=7, status="closed")]},
+        {"role": "tool", "tool_call_id": "u", "content": "ok"},
+    ]
+    policies = [detector, TruncateOlderThanN(1)]
+    effective, sticky, _ = run_policies(history, policies)
+    first = effective[5]
+    assert first["content"].endswith("update_ticket returned:\nok")
+    history = history + later_turns(1, 2)
+    effective, sticky, report = run_policies(history, policies, sticky=sticky)
+    assert effective[4]["content"].startswith("[evicted: update_ticket")  # the quoted output is gone now
+    fresh = detector.propose(Conversation.of(effective[:5] + effective[6:]))  # what it would write today
+    assert fresh[0].erratum is not None and not fresh[0].erratum.text.endswith("ok")
+    assert effective[5] == first and report.errata == []  # the erratum issued then stays, byte for byte
+
+
 def test_failed_write_changes_nothing_and_long_content_is_pointed_to():
     messages = read_write_conversation()
     messages[5] = {**messages[5], "content": "Error: permission denied"}
