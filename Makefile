@@ -10,7 +10,7 @@ TORCH_VERSION ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?=
 
-.PHONY: demo test test-fast bench lint clean
+.PHONY: demo test test-fast bench lint clean test-sglang
 
 $(STAMP): pyproject.toml
 	@echo "==> [1/4] creating the virtual environment $(VENV)"
@@ -57,6 +57,28 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src policies tests benchmarks examples
+
+# The SGLang engine's CPU tests in their own venv: torch pinned to the CPU build by a constraints
+# file, SGLang 0.5.23 without its (CUDA) requirements, the rest from tests/sglang/requirements.txt.
+SGLANG_VENV ?= .venv-sglang
+SGLANG_PY := $(SGLANG_VENV)/bin/python
+SGLANG_STAMP := $(SGLANG_VENV)/.leyline-sglang-installed
+SGLANG_VERSION ?= 0.5.23
+
+$(SGLANG_STAMP): pyproject.toml tests/sglang/requirements.txt
+	python3 -m venv $(SGLANG_VENV)
+	echo "torch==$(TORCH_VERSION)+cpu" > $(SGLANG_VENV)/constraints.txt
+	$(SGLANG_PY) -m pip install -q --upgrade pip
+	$(SGLANG_PY) -m pip install -q --no-deps torch==$(TORCH_VERSION)+cpu \
+		|| $(SGLANG_PY) -m pip install -q --no-deps --index-url "$(TORCH_CPU_INDEX)" torch==$(TORCH_VERSION)+cpu
+	$(SGLANG_PY) -m pip install -q -c $(SGLANG_VENV)/constraints.txt torch==$(TORCH_VERSION)+cpu
+	$(SGLANG_PY) -m pip install -q --no-deps sglang==$(SGLANG_VERSION)
+	$(SGLANG_PY) -m pip install -q -c $(SGLANG_VENV)/constraints.txt -r tests/sglang/requirements.txt
+	$(SGLANG_PY) -m pip install -q --no-deps -e .
+	touch $(SGLANG_STAMP)
+
+test-sglang: $(SGLANG_STAMP)
+	PYTHONPATH=tests/sglang/stubs $(SGLANG_PY) -m pytest -q -p no:cacheprovider tests/sglang
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
