@@ -27,20 +27,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import BaseModel
 
 import leyline_policies
-from leyline_sdk.blocks import Blocks, block_fingerprint, place_blocks, strip_block_marks, with_repair
-from leyline_sdk.diff import common_prefix_length, diff_to_directives
-from leyline_sdk.directives import Directive, Mode, apply, digest, truncate_result
+from leyline_sdk.diff import diff_to_directives
+from leyline_sdk.directives import Directive, Mode, apply, digest
 from leyline_sdk.errors import NotFoundError, SpliceFallbackError
 from leyline_sdk.renderer import Renderer
 from leyline_sdk.rendering import RenderedConversation
+from leyline_sdk.templates import Source
 from leyline_sdk.transport import Transport
+from leyline_sdk.turns import decoder_of, explain_turn, local_chat, render_tokens
 from leyline_sdk.validation import check_messages, check_model, check_tools
 from leyline_sdk.wire import BaseRef, DirectivesResult, LeylineRequest, LeylineResult, SpliceCounts
 
@@ -62,8 +63,15 @@ class TurnStats(BaseModel):
     cleared: int = 0
     removed_chars: int = 0
     elapsed_ms: float = 0.0
-    blocks: int = 0  # block messages placed by relocation (directives naming a block)
-    block_fallback: str | None = None  # why a new block message was prefilled instead (e.g. "no_base")
+    sources: list[str] = []  # who made each explained directive: "template", "policy" or "client"
+    template_directives: int = 0  # directives for edits the chat template made (e.g. dropped reasoning)
+    policy_directives: int = 0  # directives for the policies' edits
+
+    def attribute(self, sources: Sequence[str]) -> None:
+        """Record who made each directive (see ``leyline_sdk.templates.Source``)."""
+        self.sources = [str(getattr(s, "value", s)) for s in sources]
+        self.template_directives = self.sources.count("template")
+        self.policy_directives = self.sources.count("policy")
 
     def count(self, counts: SpliceCounts) -> None:
         """Copy the server's token counts."""
@@ -82,8 +90,7 @@ class _Turn:
     report: leyline_policies.EditReport
     extension: LeylineRequest | None = None
     fallback: str | None = None
-    block_ids: tuple[str, ...] = ()
-    block_fallback: str | None = None
+    sources: list[str] = field(default_factory=list)
 
 
 class LeylineSession:
@@ -91,8 +98,6 @@ class LeylineSession:
 
     ``transport`` sends requests, ``renderer`` renders prompts as the server does (and says
     whether it speaks Leyline); ``on_use`` is called on every request (the client's LRU).
-    ``seam_repair=k`` asks the server to recompute the first ``k`` tokens after each ``amortize``
-    replacement (and a placed block's first ``k``); ``blocks`` is the client's block registry.
     Normally made by ``AsyncLeyline.session()``.
     """
 
@@ -104,15 +109,7 @@ class LeylineSession:
         strict: bool = False,
         tools: Sequence[Mapping[str, Any]] | None = None,
         on_use: Callable[[LeylineSession], None] | None = None,
-        seam_repair: int = 0,
-        blocks: Blocks | None = None,
     ) -> None:
-        if isinstance(seam_repair, bool) or not isinstance(seam_repair, int) or seam_repair < 0:
-            raise ValueError(f"seam_repair must be an int >= 0, got {seam_repair!r}")
-        self.seam_repair = seam_repair
-        self.blocks = blocks if blocks is not None else Blocks(transport)
-        self._block_prints: set[str] = set()
-        self._block_indices: set[int] = set()  # effective indices of block messages (this turn)
         self.transport = transport
         self.renderer = renderer
         self.policies = list(policies)
@@ -129,6 +126,8 @@ class LeylineSession:
         self._seen: list[dict[str, Any]] = []  # effective messages the server has (the base's prompt part)
         self._seen_render: RenderedConversation | None = None
         self._fallback_code: str | None = None
+        self._unedited: list[int] | None = None  # see _render_unedited
+        self._turn_sources: list[Source] = []
         self._on_use = on_use
 
     # -- state ------------------------------------------------------------------------------------
@@ -151,7 +150,6 @@ class LeylineSession:
     ) -> tuple[list[dict[str, Any]], dict[int, Mode], leyline_policies.EditReport]:
         effective, edits, report = leyline_policies.run_policies(self.history, self.policies, tools, sticky=self.sticky)
         self.sticky = edits
-        effective, self._block_indices = strip_block_marks(effective, self._block_prints)
         self.effective = effective
         return effective, report.modes(), report  # by effective index: errata shift later messages
 
@@ -184,20 +182,56 @@ class LeylineSession:
             self._fallback("prompt_mismatch", "the agent rewrote messages the server has seen")
             return None
         seen = self._seen_view(prompt, k, old)
-        directives = diff_to_directives(old, seen, modes=dict(modes))
-        result = apply(base, directives)
-        if turn:  # generated tokens that differ from the re-rendered assistant message are dropped
-            c = common_prefix_length(result, prompt.tokens)
-            if c < len(result):
-                directives = truncate_result(len(base), directives, c)
-                result = apply(base, directives)
+        if turn:  # the template's own edits too (dropped reasoning, a re-rendered answer): turns.py
+            directives = self._explain_turn(effective, prompt, modes)
+            result = apply(base, directives)
             ok = len(result) <= len(prompt.tokens) and prompt.tokens[: len(result)] == result
         else:
+            directives = diff_to_directives(old, seen, modes=dict(modes))
+            result = apply(base, directives)
             ok = result[: len(seen.tokens)] == seen.tokens
         if not ok:
             self._fallback("prompt_mismatch", "directives do not reproduce the prompt")  # never send those
             return None
         return directives, seen
+
+    def _explain_turn(
+        self, effective: list[dict[str, Any]], prompt: RenderedConversation, modes: Mapping[int, Mode]
+    ) -> list[Directive]:
+        """The next request's directives, the chat template's own edits included (``leyline_sdk.turns``)."""
+        assert self.base_tokens is not None and self._seen_render is not None
+        k = len(self._seen)
+        changed = {
+            i: (modes.get(i, Mode.AMORTIZE), Source.POLICY if i in modes else Source.CLIENT)
+            for i in range(k)
+            if effective[i] != self._seen[i]
+        }
+        unedited = self._unedited
+        explained = explain_turn(
+            self.base_tokens,
+            self._seen_render,
+            prompt,
+            k,
+            changed,
+            (lambda: unedited) if unedited is not None else None,
+            decoder_of(local_chat(self.renderer)),
+        )
+        self._turn_sources = explained.sources
+        return explained.directives
+
+    async def _render_unedited(
+        self, effective: list[dict[str, Any]], tools: Sequence[Mapping[str, Any]] | None
+    ) -> None:
+        """On an unstable template, render the prompt without this turn's edits of seen messages.
+
+        ``turns.explain_turn`` tells the template's edits from the policies' with it (the message
+        spans of an unstable rendering are approximate). Nothing to do otherwise.
+        """
+        self._unedited, self._turn_sources = None, []
+        old, k = self._seen_render, len(self._seen)
+        if old is None or old.prefix_stable or len(effective) < k or effective[:k] == self._seen:
+            return
+        self._unedited = await render_tokens(self.renderer, self._seen + effective[k:], tools)
 
     # -- requests ---------------------------------------------------------------------------------
     async def _prepare(self, tools: Sequence[Mapping[str, Any]] | None) -> _Turn:
@@ -210,44 +244,16 @@ class LeylineSession:
             return turn
         turn.extension = LeylineRequest(session_id=self.session_id, strict=self.strict)
         if self.session_id is not None:
+            await self._render_unedited(effective, tools)
             planned = self._directives(effective, prompt, modes, turn=True)
-            directives = await self._with_blocks(planned[0], prompt, turn) if planned else []
-            if directives:
+            turn.sources = list(self._turn_sources) if planned else []
+            if planned and planned[0]:
                 assert self.base_tokens is not None
-                self.last_directives = directives
+                self.last_directives = planned[0]
                 turn.extension.base = BaseRef(length=len(self.base_tokens), digest=self._base_digest)
-                turn.extension.directives = directives
-        elif self._block_indices:
-            turn.block_fallback = "no_base"  # a new session has no base to insert a block into
+                turn.extension.directives = planned[0]
         turn.fallback = self._fallback_code
         return turn
-
-    async def _with_blocks(
-        self, directives: list[Directive], prompt: RenderedConversation, turn: _Turn
-    ) -> list[Directive]:
-        """``directives`` with ``seam_repair`` on the amortize ones, plus the new block messages placed."""
-        assert self.base_tokens is not None
-        directives = with_repair(directives, self.seam_repair)
-        if not self._block_indices:
-            return directives
-        k = len(self._seen)  # new block messages come after the messages the server has seen
-        floor = prompt.message_spans[k - 1].end if k else 0
-        placement = await place_blocks(
-            self.blocks, self.base_tokens, directives, prompt, self._block_indices, self.seam_repair, floor
-        )
-        turn.block_ids, turn.block_fallback = tuple(placement.block_ids), placement.reason
-        return placement.directives
-
-    def add_block_message(self, message: Mapping[str, Any]) -> dict[str, Any]:
-        """Append ``message`` to the history as a block message (see ``leyline_sdk.blocks``); return it.
-
-        Any message equal to it (tool instructions, a skill, a document) is a block message from
-        now on; the marker ``"leyline_block": True`` on a message does the same for that message.
-        """
-        (clean,) = strip_block_marks(check_messages([message]))[0]
-        self._block_prints.add(block_fingerprint(clean))
-        self.history.append(clean)
-        return clean
 
     def _record(self, turn: _Turn, leyline: Mapping[str, Any] | None, usage: Any, started: float) -> None:
         """Stats of a finished request; adopt the server's session and base when they check out."""
@@ -257,9 +263,8 @@ class LeylineSession:
             removed_chars=turn.report.removed_chars,
             directives=len(turn.extension.directives) if turn.extension else 0,
             fallback=turn.fallback,
-            blocks=len(turn.block_ids),
-            block_fallback=turn.block_fallback,
         )
+        stats.attribute(turn.sources)
         if usage is not None:
             stats.prompt_tokens = usage.prompt_tokens
             details = getattr(usage, "prompt_tokens_details", None)
@@ -268,8 +273,6 @@ class LeylineSession:
         if result is not None and turn.prompt is not None:
             stats.count(result)
             stats.fallback = result.fallback.code if result.fallback else stats.fallback
-            if result.fallback is not None and turn.block_ids:  # verify those blocks before reusing them
-                self.blocks.suspect(turn.block_ids)
             self.session_id = result.session_id or self.session_id
             tokens = turn.prompt.tokens + result.completion_token_ids
             server_digest = result.base.digest if result.base else None
@@ -359,7 +362,6 @@ class LeylineSession:
         if not planned or not planned[0] or self.base_tokens is None:
             return None
         directives, seen = planned
-        directives = with_repair(directives, self.seam_repair)
         stats = TurnStats(
             turn=len(self.stats) + 1,
             directives=len(directives),
