@@ -34,6 +34,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import BaseModel
 
 import leyline_policies
+from leyline_sdk.blocks import Blocks, block_fingerprint, place_blocks, strip_block_marks, with_repair
 from leyline_sdk.diff import diff_to_directives
 from leyline_sdk.directives import Directive, Mode, apply, digest
 from leyline_sdk.errors import NotFoundError, SpliceFallbackError
@@ -63,6 +64,8 @@ class TurnStats(BaseModel):
     cleared: int = 0
     removed_chars: int = 0
     elapsed_ms: float = 0.0
+    blocks: int = 0  # block messages placed by relocation (directives naming a block)
+    block_fallback: str | None = None  # why a new block message was prefilled instead (e.g. "no_base")
     sources: list[str] = []  # who made each explained directive: "template", "policy" or "client"
     template_directives: int = 0  # directives for edits the chat template made (e.g. dropped reasoning)
     policy_directives: int = 0  # directives for the policies' edits
@@ -90,6 +93,8 @@ class _Turn:
     report: leyline_policies.EditReport
     extension: LeylineRequest | None = None
     fallback: str | None = None
+    block_ids: tuple[str, ...] = ()
+    block_fallback: str | None = None
     sources: list[str] = field(default_factory=list)
 
 
@@ -98,6 +103,8 @@ class LeylineSession:
 
     ``transport`` sends requests, ``renderer`` renders prompts as the server does (and says
     whether it speaks Leyline); ``on_use`` is called on every request (the client's LRU).
+    ``seam_repair=k`` asks the server to recompute the first ``k`` tokens after each ``amortize``
+    replacement (and a placed block's first ``k``); ``blocks`` is the client's block registry.
     Normally made by ``AsyncLeyline.session()``.
     """
 
@@ -109,7 +116,15 @@ class LeylineSession:
         strict: bool = False,
         tools: Sequence[Mapping[str, Any]] | None = None,
         on_use: Callable[[LeylineSession], None] | None = None,
+        seam_repair: int = 0,
+        blocks: Blocks | None = None,
     ) -> None:
+        if isinstance(seam_repair, bool) or not isinstance(seam_repair, int) or seam_repair < 0:
+            raise ValueError(f"seam_repair must be an int >= 0, got {seam_repair!r}")
+        self.seam_repair = seam_repair
+        self.blocks = blocks if blocks is not None else Blocks(transport)
+        self._block_prints: set[str] = set()
+        self._block_indices: set[int] = set()  # effective indices of block messages (this turn)
         self.transport = transport
         self.renderer = renderer
         self.policies = list(policies)
@@ -150,6 +165,7 @@ class LeylineSession:
     ) -> tuple[list[dict[str, Any]], dict[int, Mode], leyline_policies.EditReport]:
         effective, edits, report = leyline_policies.run_policies(self.history, self.policies, tools, sticky=self.sticky)
         self.sticky = edits
+        effective, self._block_indices = strip_block_marks(effective, self._block_prints)
         self.effective = effective
         return effective, report.modes(), report  # by effective index: errata shift later messages
 
@@ -247,13 +263,43 @@ class LeylineSession:
             await self._render_unedited(effective, tools)
             planned = self._directives(effective, prompt, modes, turn=True)
             turn.sources = list(self._turn_sources) if planned else []
-            if planned and planned[0]:
+            directives = await self._with_blocks(planned[0], prompt, turn) if planned else []
+            if directives:
                 assert self.base_tokens is not None
-                self.last_directives = planned[0]
+                self.last_directives = directives
                 turn.extension.base = BaseRef(length=len(self.base_tokens), digest=self._base_digest)
-                turn.extension.directives = planned[0]
+                turn.extension.directives = directives
+        elif self._block_indices:
+            turn.block_fallback = "no_base"  # a new session has no base to insert a block into
         turn.fallback = self._fallback_code
         return turn
+
+    async def _with_blocks(
+        self, directives: list[Directive], prompt: RenderedConversation, turn: _Turn
+    ) -> list[Directive]:
+        """``directives`` with ``seam_repair`` on the amortize ones, plus the new block messages placed."""
+        assert self.base_tokens is not None
+        directives = with_repair(directives, self.seam_repair)
+        if not self._block_indices:
+            return directives
+        k = len(self._seen)  # new block messages come after the messages the server has seen
+        floor = prompt.message_spans[k - 1].end if k else 0
+        placement = await place_blocks(
+            self.blocks, self.base_tokens, directives, prompt, self._block_indices, self.seam_repair, floor
+        )
+        turn.block_ids, turn.block_fallback = tuple(placement.block_ids), placement.reason
+        return placement.directives
+
+    def add_block_message(self, message: Mapping[str, Any]) -> dict[str, Any]:
+        """Append ``message`` to the history as a block message (see ``leyline_sdk.blocks``); return it.
+
+        Any message equal to it (tool instructions, a skill, a document) is a block message from
+        now on; the marker ``"leyline_block": True`` on a message does the same for that message.
+        """
+        (clean,) = strip_block_marks(check_messages([message]))[0]
+        self._block_prints.add(block_fingerprint(clean))
+        self.history.append(clean)
+        return clean
 
     def _record(self, turn: _Turn, leyline: Mapping[str, Any] | None, usage: Any, started: float) -> None:
         """Stats of a finished request; adopt the server's session and base when they check out."""
@@ -263,6 +309,8 @@ class LeylineSession:
             removed_chars=turn.report.removed_chars,
             directives=len(turn.extension.directives) if turn.extension else 0,
             fallback=turn.fallback,
+            blocks=len(turn.block_ids),
+            block_fallback=turn.block_fallback,
         )
         stats.attribute(turn.sources)
         if usage is not None:
@@ -273,6 +321,8 @@ class LeylineSession:
         if result is not None and turn.prompt is not None:
             stats.count(result)
             stats.fallback = result.fallback.code if result.fallback else stats.fallback
+            if result.fallback is not None and turn.block_ids:  # verify those blocks before reusing them
+                self.blocks.suspect(turn.block_ids)
             self.session_id = result.session_id or self.session_id
             tokens = turn.prompt.tokens + result.completion_token_ids
             server_digest = result.base.digest if result.base else None
@@ -362,6 +412,7 @@ class LeylineSession:
         if not planned or not planned[0] or self.base_tokens is None:
             return None
         directives, seen = planned
+        directives = with_repair(directives, self.seam_repair)
         stats = TurnStats(
             turn=len(self.stats) + 1,
             directives=len(directives),
