@@ -42,6 +42,9 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     group.add_argument("--kv-budget-mb", type=float, default=256.0, help="memory for the KV pool, in MiB")
     group.add_argument(
+        "--disable-prefix-cache", action="store_true", help="recompute every prompt from scratch (a baseline)"
+    )
+    group.add_argument(
         "--mem-fraction-static", type=float, default=None,
         help="size the KV pool as this fraction of the memory available at start (overrides --kv-budget-mb)",
     )  # fmt: skip

@@ -29,7 +29,12 @@ def free_port() -> int:
 
 
 def local_service(
-    model: str = "tiny-mla", layers: int = 2, kv_budget_mb: float = 8.0, engine: str = "embedded", **config: Any
+    model: str = "tiny-mla",
+    layers: int = 2,
+    kv_budget_mb: float = 8.0,
+    engine: str = "embedded",
+    prefix_cache: bool = True,
+    **config: Any,
 ) -> Any:
     """A :class:`~leyline_server.api.service.LeylineService` for ``model`` (presets need no download).
 

@@ -32,6 +32,7 @@ def build_engine(
     max_context_tokens: int | None = None,
     served_name: str | None = None,
     engine_args: Sequence[str] = (),
+    prefix_cache: bool = True,
 ) -> tuple[Any, Any]:
     """(engine implementing :class:`~leyline_server.engines.base.Engine`, its tokenizer).
 
@@ -52,6 +53,7 @@ def build_engine(
             layers=preset_layers,
             name=served_name or model,
             max_context_tokens=max_context_tokens,
+            prefix_cache=prefix_cache,
         )
         return AsyncEmbeddedEngine(core, tokenizer), tokenizer
     if engine == "sglang":

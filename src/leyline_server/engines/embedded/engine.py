@@ -77,7 +77,8 @@ class EmbeddedEngine:
     """One model, one slot pool, one radix cache. Not thread-safe: use from one thread.
 
     ``rotation_budget``: how often one slot's key may be rotated before splices touching it are
-    refused (``drift_budget``).
+    refused (``drift_budget``). ``prefix_cache=False`` makes every prefill start from scratch
+    (a baseline for benchmarks); handles and splices work as usual.
     """
 
     def __init__(
@@ -89,6 +90,7 @@ class EmbeddedEngine:
         rotation_budget: int = 64,
         name: str = "model",
         max_context_tokens: int | None = None,
+        prefix_cache: bool = True,
     ) -> None:
         self.model = model
         self.pool = pool
@@ -96,6 +98,7 @@ class EmbeddedEngine:
         self.radix = RadixCache()
         self.in_flight: set[int] = set()
         self.rotation_budget = rotation_budget
+        self.prefix_cache = prefix_cache
         positions = int(getattr(model.config, "max_position_embeddings", 32_768) or 32_768)
         self._info = ModelInfo(
             name=name,
@@ -181,7 +184,7 @@ class EmbeddedEngine:
         empty handle (``state`` is ``None``).
         """
         tokens = list(tokens)
-        hit = self.match(tokens[:-1], scope)
+        hit = self.match(tokens[:-1] if self.prefix_cache else [], scope)
         if not tokens:
             if previous is not None:
                 self.release(previous)

@@ -43,6 +43,7 @@ def load_engine(
     seed: int = 0,
     name: str | None = None,
     max_context_tokens: int | None = None,
+    prefix_cache: bool = True,
     **overrides: Any,
 ) -> tuple[EmbeddedEngine, Any]:
     """An engine and its tokenizer for a preset name or a local checkpoint folder."""
@@ -69,5 +70,6 @@ def load_engine(
         eos_token_ids=eos,
         name=name or model,
         max_context_tokens=max_context_tokens,
+        prefix_cache=prefix_cache,
     )
     return engine, tokenizer
