@@ -18,9 +18,18 @@ import hashlib
 import struct
 from collections.abc import Sequence
 from enum import Enum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    SerializerFunctionWrapHandler,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+)
 
 from leyline_sdk.errors import DirectiveError
 
@@ -89,6 +98,16 @@ class Directive(BaseModel):
         if any(t > MAX_TOKEN_ID for t in replacement):
             raise ValueError(f"token ids must be < 2**32 (got {max(replacement)})")
         return replacement
+
+    @model_serializer(mode="wrap")
+    def _compact(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The wire form leaves out ``repair`` and ``block`` when they are not used."""
+        data: dict[str, Any] = handler(self)
+        if not self.repair:
+            data.pop("repair", None)
+        if self.block is None:
+            data.pop("block", None)
+        return data
 
     @property
     def delta(self) -> int:

@@ -177,3 +177,12 @@ def test_digest_is_stable_and_sensitive():
     assert digest([]) != digest([0])
     with pytest.raises(ValueError):
         digest([-1])
+
+
+def test_repair_and_block_appear_on_the_wire_only_when_used():
+    d = Directive(start=5, end=5, replacement=[7], repair=2, block="blk_x")
+    wire = d.model_dump(mode="json")
+    assert wire == {"start": 5, "end": 5, "replacement": [7], "mode": "amortize", "repair": 2, "block": "blk_x"}
+    assert Directive.model_validate(wire) == d
+    with pytest.raises(ValidationError):
+        Directive(start=0, end=0, repair=-1)
