@@ -160,7 +160,7 @@ async def test_seam_repair_is_set_on_amortize_directives(chat):
         raw += directives
         seams += [d for d in directives if d["mode"] == "amortize" and not d.get("block") and d["end"] < base_length]
     assert seams and all(d["repair"] == 3 for d in seams)  # the evictions' seams (base tokens follow them)
-    assert all(d["repair"] == 0 for d in raw if d["mode"] == "forget")
+    assert all(d.get("repair", 0) == 0 for d in raw if d["mode"] == "forget")
     assert [d["repair"] for d in raw if d.get("block")] == [3]  # and the placed block's head
     assert client.session(seam_repair=0).seam_repair == 0
     for bad in (-1, True, 1.5):

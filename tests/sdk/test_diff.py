@@ -21,8 +21,11 @@ def check_diff(chat, old_messages, new_messages, edited_old, tools) -> bool:
     # Identical messages are interchangeable: deleting, moving or editing one of them may
     # legitimately take another one's tokens. And once an edit makes a copy of existing content
     # ("0" -> "" next to another ""), the edit and a move of a neighbour explain the change
-    # equally well, so localisation is only claimed when no content gained a copy.
+    # equally well, so localisation is only claimed when no content gained a copy (nor does an
+    # edited message's old content reappear elsewhere: it may then have been matched there).
     if any(new_messages.count(m) > max(1, old_messages.count(m)) for m in new_messages):
+        return False
+    if any(old_messages[i] in new_messages for i in edited_old):  # an edited message's old content reappears
         return False
     twins = {j for j, m in enumerate(old_messages) if old_messages.count(m) > 1}
     allowed = set()
