@@ -25,6 +25,7 @@ from leyline_policies.redact import Redact
 from leyline_policies.registry import available_policies, load_policy, register
 from leyline_policies.report import EditReport, run_policies
 from leyline_policies.stale import StaleToolDetector
+from leyline_policies.thinking import ClearThinking
 from leyline_policies.truncate import TruncateOlderThanN
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "pending_tool_calls",
     "TruncateOlderThanN",
     "StaleToolDetector",
+    "ClearThinking",
     "TokenBudget",
     "Redact",
     "Chain",

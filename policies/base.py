@@ -181,7 +181,8 @@ class Edit:
     with an erratum; without a kind, ``forget`` reads as ``redact`` and ``amortize`` as ``evict``.
     ``replacement=None`` leaves the content as it is (an erratum-only correction). ``erratum`` (a
     text or an :class:`~leyline_policies.errata.Erratum`) is appended after the last message when
-    first issued and stays there::
+    first issued and stays there. ``field`` names the message field the replacement goes to
+    (``"content"``; ``"reasoning_content"`` for reasoning kept beside the content)::
 
         Edit(3, "[evicted: read_file(path=\"a.py\") output, 1,234 chars]")          # evict, amortize
         Edit(1, "my key is [redacted]", kind="redact")                             # forget
@@ -196,6 +197,7 @@ class Edit:
     removed_chars: int = field(compare=False)
     kind: EditKind
     erratum: Erratum | None
+    field: str
 
     def __init__(
         self,
@@ -208,7 +210,10 @@ class Edit:
         *,
         kind: EditKind | str | None = None,
         erratum: Erratum | str | None = None,
+        field: str = "content",
     ) -> None:
+        if field in ("role", "tool_calls", "tool_call_id") or not field:
+            raise ValueError(f"an edit replaces content, not {field!r}")
         if replacement is not None and not isinstance(replacement, str):
             raise TypeError(f"replacement must be a string or None, got {type(replacement).__name__}")
         note = Erratum(erratum) if isinstance(erratum, str) else erratum
@@ -224,6 +229,7 @@ class Edit:
             ("removed_chars", removed_chars),
             ("kind", k),
             ("erratum", note),
+            ("field", field),
         ):
             object.__setattr__(self, name, value)
 
@@ -284,7 +290,7 @@ def apply_edits(messages: Sequence[Mapping[str, Any]], edits: Sequence[Edit]) ->
         if not 0 <= edit.index < len(out):
             raise IndexError(f"edit names message {edit.index}; the conversation has {len(out)}")
         if edit.replacement is not None:
-            out[edit.index]["content"] = edit.replacement
+            out[edit.index][edit.field] = edit.replacement
     return out
 
 
@@ -317,6 +323,7 @@ def merge_edits(earlier: Edit, later: Edit, keep_forget: bool = True) -> Edit:
         source.removed_chars,
         kind=kind,
         erratum=erratum,
+        field=source.field,
     )
 
 

@@ -41,6 +41,7 @@ def _builtins() -> dict[str, Callable[..., Any]]:
     from leyline_policies.chain import Chain
     from leyline_policies.redact import Redact
     from leyline_policies.stale import StaleToolDetector
+    from leyline_policies.thinking import ClearThinking
     from leyline_policies.truncate import TruncateOlderThanN
 
     return {
@@ -49,6 +50,7 @@ def _builtins() -> dict[str, Callable[..., Any]]:
         "token_budget": TokenBudget,
         "redact": Redact,
         "chain": Chain,
+        "clear_thinking": ClearThinking,
     }
 
 

@@ -3,6 +3,7 @@
 * ``STRIP`` — reasoning models (Qwen3, DeepSeek-R1, QwQ): an assistant turn's reasoning
   (``reasoning_content`` or a leading ``<think>…</think>``) is rendered only after the last
   user query (``benchmarks.traces.REASONING_TEMPLATE``).
+* ``KEEP`` — the same, but every turn's reasoning stays (what ``ClearThinking`` is for).
 * ``DATE`` — a preamble with today's date (Llama 3.x style); ``DatedChat`` supplies ``today``.
 * ``COUNTER`` — the system message shows how many user turns the conversation has (a counter that
   changes an early message whenever a query arrives).
@@ -18,6 +19,8 @@ from benchmarks.traces import REASONING_TEMPLATE
 from leyline_sdk.rendering import HFChatTokenizer
 
 STRIP = REASONING_TEMPLATE
+KEEP = REASONING_TEMPLATE.replace("{%- set ns.last_query = loop.index0 -%}", "")
+assert KEEP != STRIP
 
 _CALLS = (
     "{%- for call in m.get('tool_calls') or [] -%}"
@@ -61,6 +64,7 @@ TOOL = _chatml(
 )
 
 TEMPLATES = {"strip": STRIP, "date": DATE, "counter": COUNTER, "tool": TOOL}
+OTHER_TEMPLATES = {"keep": KEEP}
 
 
 class DatedChat(HFChatTokenizer):
@@ -92,7 +96,7 @@ def make_chat(name: str) -> HFChatTokenizer:
     """A chat tokenizer over a copy of the tiny tokenizer with template ``name`` installed."""
     from benchmarks.traces import reasoning_tokenizer
 
-    tokenizer = reasoning_tokenizer(TEMPLATES[name])
+    tokenizer = reasoning_tokenizer({**TEMPLATES, **OTHER_TEMPLATES}[name])
     return DatedChat(tokenizer) if name == "date" else HFChatTokenizer(tokenizer)
 
 
