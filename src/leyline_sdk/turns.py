@@ -133,7 +133,7 @@ def explain_client_turn(
     base: Sequence[int],
     previous: Transcript | None,
     current: Transcript,
-    render_tokens: Callable[[list[dict[str, Any]], list[Any] | None], Sequence[int]],
+    render_tokens: Callable[[list[dict[str, Any]], list[Any] | None], Sequence[int] | None],
     decode: Decoder | None = None,
 ) -> Explanation:
     """The server's view (``--auto-splice``): a plain client's request explained against its session.
@@ -149,7 +149,7 @@ def explain_client_turn(
     k = len(previous.messages)
     changed = {i: (Mode.AMORTIZE, Source.CLIENT) for i in range(k) if msgs[i] != previous.messages[i]}
 
-    def unedited() -> Sequence[int]:
+    def unedited() -> Sequence[int] | None:
         return render_tokens(previous.messages + msgs[k:], current.tools)
 
     return explain_turn(base, previous.render, new, k, changed, unedited, decode)

@@ -92,13 +92,18 @@ class LeylineResult(SpliceCounts):
 
     ``base`` is the session's base after this turn (prompt + completion): send it back with the
     next directives. ``completion_token_ids`` are the generated tokens, so a client can rebuild
-    the base without re-tokenizing.
+    the base without re-tokenizing. With auto-splice, ``sources`` says who made each directive the
+    server derived (``"template"``: the chat template rendered unchanged messages differently,
+    e.g. dropped earlier reasoning; ``"client"``: the request changed a message) and
+    ``template_directives`` counts the template's.
     """
 
     session_id: str | None = None
     base: BaseRef | None = None
     auto_splice: bool = False
     completion_token_ids: list[int] = Field(default_factory=list)
+    sources: list[str] = Field(default_factory=list)
+    template_directives: int = 0
 
 
 class SessionInfo(BaseModel):

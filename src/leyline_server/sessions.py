@@ -24,6 +24,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from leyline_sdk.directives import digest
+from leyline_sdk.templates import Transcript
 from leyline_server.engines.base import CacheScope, Handle
 
 __all__ = ["Session", "SessionStore"]
@@ -41,6 +42,11 @@ class Session:
     last_used: float = 0.0
     users: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # auto-splice (plain clients): the request that produced the base, the one being served, and
+    # who made each directive the server derived for it ("template" or "client")
+    transcript: Transcript | None = None
+    incoming: Transcript | None = None
+    auto_sources: list[str] = field(default_factory=list)
 
     @property
     def tokens(self) -> list[int]:

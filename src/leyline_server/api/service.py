@@ -13,10 +13,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from leyline_sdk.diff import common_prefix_length, diff_token_sequences
-from leyline_sdk.directives import Directive, digest
+from leyline_sdk.diff import common_prefix_length
+from leyline_sdk.directives import Directive, Mode, digest
 from leyline_sdk.errors import RenderError
 from leyline_sdk.rendering import HFChatTokenizer, RenderedConversation
+from leyline_sdk.templates import Source, explain
+from leyline_sdk.turns import decoder_of, explain_client_turn
 from leyline_sdk.wire import BaseRef, FallbackInfo, LeylineRequest, LeylineResult
 from leyline_server.api.config import ServerConfig
 from leyline_server.api.errors import APIError
@@ -154,10 +156,9 @@ class LeylineService:
     ) -> tuple[SpliceRequest | None, FallbackInfo | None, bool]:
         """What to ask the engine for: (splice request, a base fallback to report, auto-spliced)."""
         base = session.tokens
-        if ext is None:  # auto-splice: explain the prompt's difference from the session by tokens
-            if not base or prompt[: len(base)] == base:
-                return None, None, False
-            return SpliceRequest(diff_token_sequences(base, prompt), prompt=prompt), None, True
+        if ext is None:  # auto-splice: the client's edits and the template's (see _auto_splice)
+            auto = self._auto_splice(session, base, prompt)
+            return auto, None, auto is not None
         if (
             ext.base is not None
             and not ext.directives
@@ -178,6 +179,35 @@ class LeylineService:
             ext.directives, ref.length if ref else None, ref.digest if ref else None, ext.strict, prompt, blocks
         )
         return request, None, False
+
+    def _auto_splice(self, session: Session, base: list[int], prompt: list[int]) -> SpliceRequest | None:
+        """Directives for a plain client's prompt: its own edits ``amortize``, the template's by the rule.
+
+        ``session.incoming`` (this request's messages and rendering, when the caller set it) and
+        ``session.transcript`` (the request that produced the base) tell who changed what
+        (``leyline_sdk.turns.explain_client_turn``); without them every edit is the client's.
+        ``apply(base, D)`` is a prefix of the prompt (the rest is prefilled). Records who made each
+        directive in ``session.auto_sources`` and makes this request the next one's transcript.
+        """
+        current = session.incoming if session.incoming and session.incoming.render.tokens == prompt else None
+        previous, session.transcript, session.incoming = session.transcript, current, None
+        session.auto_sources = []
+        if not base or prompt[: len(base)] == base:
+            return None
+        decode = decoder_of(self.chat)
+        if current is None:
+            explained = explain(base, prompt, decode=decode, default=(Mode.AMORTIZE, Source.CLIENT))
+        else:
+            explained = explain_client_turn(base, previous, current, self._render_tokens, decode)
+        session.auto_sources = [s.value for s in explained.sources]
+        return SpliceRequest(explained.directives, prompt=prompt)
+
+    def _render_tokens(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> list[int] | None:
+        """The prompt tokens of ``messages`` (one template render), ``None`` if the template refuses."""
+        try:
+            return self.chat.encode(self.chat.render_text(messages, tools, True))[0]
+        except RenderError:
+            return None
 
     def shed(self, tokens: int, keep: Session | None = None) -> bool:
         """Drop least recently used idle sessions holding at least ``tokens`` cached tokens.
