@@ -34,7 +34,9 @@ def backend(rt: Runtime, **kw) -> SGLangSpliceBackend:
 
 
 def pinned_slots(rt: Runtime, handle) -> torch.Tensor:
-    """The slots the scheduler holds for ``handle``."""
+    """The slots the scheduler holds for ``handle`` (none for an empty handle, which pins nothing)."""
+    if handle.pin is None:
+        return torch.zeros(0, dtype=torch.int64)
     return rt.splicer._pinned(handle.pin)
 
 

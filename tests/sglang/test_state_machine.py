@@ -18,7 +18,7 @@ from leyline_server.engines.base import CacheScope, SpliceRequest
 from leyline_server.engines.sglang.backend import namespace
 from leyline_server.splice import splice
 from tests.sglang.harness import Runtime
-from tests.sglang.test_splice import backend, layer0_error
+from tests.sglang.test_splice import backend, layer0_error, pinned_slots
 
 token = st.integers(min_value=7, max_value=1000)
 
@@ -93,7 +93,7 @@ class SGLangCacheMachine(RuleBasedStateMachine):
         for name, (handle, expected) in self.sessions.items():
             assert handle.tokens == expected
             assert layer0_error(self.rt, handle) < 1e-4
-            private = set(self.rt.splicer._pinned(handle.pin)[handle.exact :].tolist()) if handle.pin else set()
+            private = set(pinned_slots(self.rt, handle)[handle.exact :].tolist())
             for other in [CacheScope(salt="k")] + [self._scope(n) for n in "abc" if n != name]:
                 length, node = self.rt.match(handle.tokens, namespace(other))
                 seen = self.rt.tree.path_device_indices(node).tolist() if length else []

@@ -116,10 +116,19 @@ class SGLangClient:
         """Cache ``tokens`` in namespace ``ns``; how many were reused (blocking, from a worker thread)."""
         return self.submit(self._prefill(tokens, ns)).result()
 
+    @staticmethod
+    def _snapshot(chunk: dict[str, Any]) -> dict[str, Any]:
+        """A copy of a chunk's growing lists (SGLang hands out references it keeps extending)."""
+        meta = dict(chunk.get("meta_info") or {})
+        for key in ("output_token_logprobs", "output_top_logprobs"):
+            if isinstance(meta.get(key), list):
+                meta[key] = list(meta[key])
+        return {**chunk, "output_ids": list(chunk.get("output_ids") or []), "meta_info": meta}
+
     async def _pump(self, obj: Any, push: Any) -> None:
         try:
             async for chunk in self.tm.generate_request(obj, None):
-                push(chunk)
+                push(self._snapshot(chunk))
         except BaseException as exc:  # delivered to the consumer, which re-raises it
             push(exc)
             if isinstance(exc, asyncio.CancelledError):
