@@ -51,6 +51,7 @@ def local_service(
         kv_budget_mb=kv_budget_mb,
         preset_layers=layers,
         max_context_tokens=settings["max_context_tokens"],
+        prefix_cache=prefix_cache,
     )
     return LeylineService(built, tokenizer, ServerConfig(**settings))
 
