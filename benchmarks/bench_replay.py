@@ -1,0 +1,220 @@
+"""Replay tool-heavy agent traces over HTTP: cache off vs radix prefix cache vs Leyline splice.
+
+    .venv/bin/python benchmarks/bench_replay.py [--model smollm2-135m] [--sessions 8] [--turns 6]
+        [--concurrency 1 4 8] [--trace tools|reasoning] [--png docs/results/replay.png]
+
+Every arm replays the same deterministic sessions (``tool_traces.agent_session``) under
+``TruncateOlderThanN(2)`` against a fresh in-process server, ``concurrency`` sessions at a time:
+
+* **cache off** — the server recomputes every prompt (``prefix_cache=False``);
+* **radix** — policies applied client-side, a plain OpenAI client: the radix prefix cache reuses
+  the prompt up to the first evicted output (the re-prefill baseline);
+* **leyline** — ``AsyncLeyline`` with the same policy: evictions are spliced in place.
+
+Reported per arm: replay cache hit (reused + rotated prompt tokens over prompt tokens, after
+each session's first turn), the physical maximum for the same trace (every prompt token that
+existed in the previous prompt and is not a stub: everything but stubs and new turns),
+prefilled tokens, and p50/p90 time to first token and end to end (streamed, 8 tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import openai  # noqa: E402
+from tool_traces import TOOLS, AgentSession, agent_session  # noqa: E402
+
+from leyline_policies import TruncateOlderThanN, run_policies  # noqa: E402
+from leyline_sdk import AsyncLeyline  # noqa: E402
+from leyline_sdk.diff import diff_token_sequences  # noqa: E402
+from leyline_server.local import local_service, serve_in_thread  # noqa: E402
+
+ARMS = ("cache off", "radix", "leyline")
+
+
+@dataclass
+class Turn:
+    """One replayed request."""
+
+    first: bool
+    prompt: int
+    cached: int
+    prefilled: int
+    ttft: float
+    e2e: float
+
+
+async def _plain_turn(
+    client: openai.AsyncOpenAI, model: str, messages: list[dict]
+) -> tuple[int, int, int, float, float]:
+    started = time.perf_counter()
+    stream = await client.chat.completions.create(
+        model=model, messages=messages, tools=TOOLS, max_tokens=8, temperature=0, stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    ttft, usage, ext = None, None, {}
+    async for chunk in stream:
+        ttft = ttft if ttft is not None else time.perf_counter() - started
+        usage = chunk.usage or usage
+        ext = getattr(chunk, "leyline", None) or ext
+    assert usage is not None
+    cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else 0
+    prefilled = ext.get("prefilled_tokens", usage.prompt_tokens - cached)
+    return usage.prompt_tokens, cached, prefilled, ttft or 0.0, time.perf_counter() - started
+
+
+async def _replay_plain(url: str, model: str, trace: AgentSession) -> list[Turn]:
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    policy, sticky, messages, out = TruncateOlderThanN(2), {}, list(trace.opening), []
+    for i in range(len(trace.turns) + 1):
+        effective, sticky, _ = run_policies(messages, [policy], TOOLS, sticky=sticky)
+        prompt, cached, prefilled, ttft, e2e = await _plain_turn(client, model, effective)
+        out.append(Turn(i == 0, prompt, cached, prefilled, ttft, e2e))
+        if i < len(trace.turns):
+            messages += trace.turns[i]
+    return out
+
+
+async def _replay_leyline(url: str, model: str, trace: AgentSession) -> list[Turn]:
+    out = []
+    async with AsyncLeyline(base_url=url + "/v1", policies=[TruncateOlderThanN(2)]) as client:
+        session = client.session(tools=TOOLS)
+        messages = list(trace.opening)
+        for i in range(len(trace.turns) + 1):
+            started = time.perf_counter()
+            stream = await session.create(
+                model=model, messages=messages, max_tokens=8, temperature=0, stream=True,
+                stream_options={"include_usage": True},
+            )  # fmt: skip
+            ttft = None
+            async for _ in stream:
+                ttft = ttft if ttft is not None else time.perf_counter() - started
+            s = session.stats[-1]
+            cached = s.reused_tokens + s.rotated_tokens
+            out.append(Turn(i == 0, s.prompt_tokens, cached, s.prefilled_tokens, ttft or 0.0,
+                            time.perf_counter() - started))  # fmt: skip
+            if i < len(trace.turns):
+                messages += trace.turns[i]
+    return out
+
+
+def physical_maximum(chat: Any, traces: list[AgentSession]) -> float:
+    """Reusable share of prompt tokens after the first turn: all but stubs and new turns."""
+    reusable = total = 0
+    for trace in traces:
+        policy, sticky, messages, previous = TruncateOlderThanN(2), {}, list(trace.opening), None
+        for i in range(len(trace.turns) + 1):
+            effective, sticky, _ = run_policies(messages, [policy], TOOLS, sticky=sticky)
+            tokens = chat.render(effective, tools=TOOLS).tokens
+            if previous is not None:
+                changed = sum(len(d.replacement) for d in diff_token_sequences(previous, tokens))
+                reusable += len(tokens) - changed
+                total += len(tokens)
+            previous = tokens
+            if i < len(trace.turns):
+                messages += trace.turns[i]
+    return reusable / max(total, 1)
+
+
+async def run_arm(arm: str, url: str, model: str, traces: list[AgentSession], concurrency: int) -> list[Turn]:
+    """Replay every trace, ``concurrency`` at a time."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(trace: AgentSession) -> list[Turn]:
+        async with gate:
+            replay = _replay_leyline if arm == "leyline" else _replay_plain
+            return await replay(url, model, trace)
+
+    results = await asyncio.gather(*(one(t) for t in traces))
+    return [turn for turns in results for turn in turns]
+
+
+def summary(turns: list[Turn]) -> dict[str, float]:
+    """Hit after the first turns, prefilled tokens, latency percentiles."""
+    later = [t for t in turns if not t.first]
+
+    def pct(values: list[float], q: float) -> float:
+        return statistics.quantiles(values, n=10)[int(q * 10) - 1] if len(values) > 1 else values[0]
+
+    ttft, e2e = [t.ttft * 1e3 for t in turns], [t.e2e * 1e3 for t in turns]
+    return {
+        "hit": sum(t.cached for t in later) / max(sum(t.prompt for t in later), 1),
+        "prefilled": sum(t.prefilled for t in turns),
+        "ttft50": statistics.median(ttft), "ttft90": pct(ttft, 0.9),
+        "e2e50": statistics.median(e2e), "e2e90": pct(e2e, 0.9),
+    }  # fmt: skip
+
+
+def plot(rows: list[tuple[int, str, dict[str, float]]], physical: float, path: str) -> None:
+    """Replay hit and p50 TTFT per concurrency and arm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    levels = sorted({c for c, _, _ in rows})
+    width = 0.8 / len(ARMS)
+    for k, arm in enumerate(ARMS):
+        xs = [i + k * width for i in range(len(levels))]
+        left.bar(xs, [s["hit"] * 100 for c, a, s in rows if a == arm], width, label=arm)
+        right.bar(xs, [s["ttft50"] for c, a, s in rows if a == arm], width, label=arm)
+    left.axhline(physical * 100, color="black", linestyle="--", label="physical max")
+    for ax, title in ((left, "replay cache hit (%)"), (right, "p50 time to first token (ms)")):
+        ax.set_xticks([i + width for i in range(len(levels))], [f"C={c}" for c in levels])
+        ax.set_title(title)
+        ax.legend()
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    """Run every arm at every concurrency and print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m", help="a preset or checkpoint (tiny-mla for a quick run)")
+    parser.add_argument("--sessions", type=int, default=8)
+    parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--kv-budget-mb", type=float, default=512)
+    parser.add_argument("--context", type=int, default=8192, help="the server's context limit")
+    parser.add_argument("--png", default="docs/results/replay.png")
+    args = parser.parse_args()
+    traces = [agent_session(seed, args.turns) for seed in range(args.sessions)]
+    rows, physical = [], None
+    for concurrency in args.concurrency:
+        for arm in ARMS:
+            service = local_service(
+                args.model, kv_budget_mb=args.kv_budget_mb, max_context_tokens=args.context, default_max_tokens=8,
+                prefix_cache=arm != "cache off",
+            )  # fmt: skip
+            physical = physical if physical is not None else physical_maximum(service.chat, traces)
+            t0 = time.perf_counter()
+            with serve_in_thread(service) as url:
+                turns = asyncio.run(run_arm(arm, url, args.model, traces, concurrency))
+            rows.append((concurrency, arm, summary(turns)))
+            print(f"C={concurrency} {arm}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    print(f"{args.sessions} sessions x {args.turns + 1} requests, model {args.model}, TruncateOlderThanN(2)\n")
+    print("| C | arm | replay hit | physical max | prefilled tokens | TTFT p50 ms | TTFT p90 ms | e2e p50 | e2e p90 |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for concurrency, arm, s in rows:
+        print(
+            f"| {concurrency} | {arm} | {s['hit']:.1%} | {physical:.1%} | {s['prefilled']:,.0f} | {s['ttft50']:.0f} | "
+            f"{s['ttft90']:.0f} | {s['e2e50']:.0f} | {s['e2e90']:.0f} |"
+        )
+    if args.png:
+        plot(rows, physical or 0.0, args.png)
+        print(f"\nplot: {args.png}")
+
+
+if __name__ == "__main__":
+    main()
