@@ -143,6 +143,7 @@ class LeylineSession:
         self._fallback_code: str | None = None
         self._unedited: list[int] | None = None  # see _render_unedited
         self._turn_sources: list[Source] = []
+        self._pending_modes: dict[int, Mode] = {}  # edits sync_edits left to the next request
         self._on_use = on_use
 
     # -- state ------------------------------------------------------------------------------------
@@ -202,6 +203,9 @@ class LeylineSession:
             directives = self._explain_turn(effective, prompt, modes)
             result = apply(base, directives)
             ok = len(result) <= len(prompt.tokens) and prompt.tokens[: len(result)] == result
+        elif not (old.prefix_stable and prompt.prefix_stable):
+            self._pending_modes.update(modes)  # spans of an unstable render are approximate:
+            return None  # the next request explains these edits, in their modes
         else:
             directives = diff_to_directives(old, seen, modes=dict(modes))
             result = apply(base, directives)
@@ -217,6 +221,7 @@ class LeylineSession:
         """The next request's directives, the chat template's own edits included (``leyline_sdk.turns``)."""
         assert self.base_tokens is not None and self._seen_render is not None
         k = len(self._seen)
+        modes, self._pending_modes = {**self._pending_modes, **modes}, {}
         changed = {
             i: (modes.get(i, Mode.AMORTIZE), Source.POLICY if i in modes else Source.CLIENT)
             for i in range(k)

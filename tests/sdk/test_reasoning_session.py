@@ -51,3 +51,30 @@ async def test_a_new_query_reprefills_only_itself(local, in_field, truncate):
     if truncate:
         assert sum(s.policy_directives for s in session.stats) >= 5
     await client.aclose()
+
+
+async def test_sync_edits_on_an_unstable_template_leave_it_to_the_next_request():
+    chat = make_chat("strip")
+    fake = FakeLeyline(chat)
+    client = AsyncLeyline(
+        base_url="http://fake/v1",
+        http_client=fake.client(),
+        max_retries=0,
+        policies=[TruncateOlderThanN(1)],
+        tokenizer=chat,
+    )
+    session = client.session(tools=TOOLS)
+    steps = reasoning_agent_trace(turns=9)
+    for t in range(8):
+        fake.completion = answer_text(chat, messages_at(steps, t), steps[t].answer, TOOLS)
+        await session.create(model="m", messages=messages_at(steps, t))
+    session.history = messages_at(steps, 8)  # the agent appended its turn; the tool still runs
+    assert session._seen_render is not None and not session._seen_render.prefix_stable
+    assert await session.sync_edits() is None  # no forget from the first stripped block
+    assert not any(path.endswith("/directives") for _, path in fake.requests)
+    await session.create(model="m", messages=messages_at(steps, 8))
+    stats = session.stats[-1]
+    assert stats.fallback is None and stats.policy_directives >= 1 and fake.chats[-1].spliced is not None
+    output = len(chat.encode(messages_at(steps, 8)[-1]["content"])[0])  # the new tool output
+    assert stats.rotated_tokens > 0 and stats.prefilled_tokens < output + 60  # + the stub and the headers
+    await client.aclose()
