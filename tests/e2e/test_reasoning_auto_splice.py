@@ -12,6 +12,7 @@ import openai
 from benchmarks.traces import REASONING_TEMPLATE, TOOLS, messages_at, reasoning_agent_trace
 from leyline_sdk.directives import apply
 from leyline_sdk.templates import Transcript
+from leyline_server.api.splicing import auto_splice
 from tests.e2e.server_helpers import make_service, running_server
 
 
@@ -37,6 +38,7 @@ async def test_a_plain_client_on_a_reasoning_template_is_spliced_not_reprefilled
                     ext = r.leyline if auto else None
                     if auto:
                         assert ext["auto_splice"] and ext["fallback"] is None and ext["rotated_tokens"] > 0, ext
+                        assert ext["template_directives"] > 0 and "template" in ext["sources"], ext
                     details = r.usage.prompt_tokens_details
                     prefilled[(auto, t)] = r.usage.prompt_tokens - (details.cached_tokens if details else 0)
     for t in (5, 10):  # the query turns: plain prefix caching re-prefills from the first stripped block
@@ -56,10 +58,10 @@ def test_the_server_tells_the_clients_edits_from_the_templates():
     session = service.sessions.open(None, None)
     for incoming, sources in ((Transcript(edited, TOOLS, prompt), {"template", "client"}), (None, {"client"})):
         session.transcript, session.incoming = Transcript(before, TOOLS, old), incoming
-        request = service._auto_splice(session, base, prompt.tokens)
+        request = auto_splice(service, session, base, prompt.tokens)
         assert request is not None
         result = apply(base, request.directives)
         assert prompt.tokens[: len(result)] == result  # the server's own render is the oracle
         assert set(session.auto_sources) == sources and len(session.auto_sources) == len(request.directives)
         assert session.transcript is incoming and session.incoming is None  # this request is the next one's base
-    assert service._auto_splice(session, prompt.tokens[:50], prompt.tokens) is None  # a plain extension
+    assert auto_splice(service, session, prompt.tokens[:50], prompt.tokens) is None  # a plain extension

@@ -11,6 +11,7 @@ from fastapi import APIRouter
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from leyline_sdk.templates import Transcript
 from leyline_server.api.decoder import TextDecoder
 from leyline_server.api.deps import Owner, Service
 from leyline_server.api.errors import error_body
@@ -131,7 +132,8 @@ async def chat_completions(body: ChatCompletionRequest, key: Owner, service: Ser
     decoder = TextDecoder(service.tokenizer, service.engine.info.eos_token_ids, stop_strings(body), tools["parse"])
     completion = Completion(body.model)
     stack = AsyncExitStack()
-    chat = await stack.enter_async_context(service.chat_turn(body.leyline, key, prompt))
+    transcript = Transcript([m.model_dump(exclude_none=True) for m in body.messages], body.tools, rendered)
+    chat = await stack.enter_async_context(service.chat_turn(body.leyline, key, prompt, transcript))
     if not body.stream:
         async with stack:
             return await _complete(service, chat, params, decoder, tools, completion)

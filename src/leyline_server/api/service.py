@@ -13,17 +13,16 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from leyline_sdk.diff import common_prefix_length
-from leyline_sdk.directives import Directive, Mode, digest
+from leyline_sdk.directives import Directive, digest
 from leyline_sdk.errors import RenderError
 from leyline_sdk.rendering import HFChatTokenizer, RenderedConversation
-from leyline_sdk.templates import Source, explain
-from leyline_sdk.turns import decoder_of, explain_client_turn
+from leyline_sdk.templates import Transcript
 from leyline_sdk.wire import BaseRef, FallbackInfo, LeylineRequest, LeylineResult
 from leyline_server.api.config import ServerConfig
 from leyline_server.api.errors import APIError
 from leyline_server.api.metrics import Metrics
 from leyline_server.api.schemas import Message
+from leyline_server.api.splicing import resolve_session, splice_request
 from leyline_server.blocks import Block, BlockStore
 from leyline_server.engines.base import CacheScope, CapacityError, Engine, Handle, SpliceRequest, Turn
 from leyline_server.sessions import Session, SessionStore
@@ -123,92 +122,6 @@ class LeylineService:
         return APIError(strict_status(exc.code), exc.code.value, exc.message, param)
 
     # -- chat ---------------------------------------------------------------------------------------
-    def _resolve(
-        self, ext: LeylineRequest | None, owner: str | None, prompt: list[int]
-    ) -> tuple[Session | None, FallbackInfo | None]:
-        """The session a chat request continues (or opens), and a fallback to report."""
-        if ext is not None and ext.session_id:
-            session = self.sessions.get(ext.session_id, owner)
-            if session is not None:
-                return session, None
-            if ext.strict:
-                raise APIError(
-                    404, "session_not_found", f"unknown or expired session {ext.session_id!r}", "leyline.session_id"
-                )
-            message = f"unknown session {ext.session_id!r} (expired, dropped or never opened): served as a new session"
-            return self.sessions.open(owner, self.salt(owner)), FallbackInfo(code="base_mismatch", message=message)
-        if ext is not None:
-            return self.sessions.open(owner, self.salt(owner)), None
-        if self.config.auto_splice:
-            return self._find_by_prefix(owner, prompt) or self.sessions.open(owner, self.salt(owner)), None
-        return None, None
-
-    def _find_by_prefix(self, owner: str | None, prompt: list[int]) -> Session | None:
-        best, best_len = None, 0
-        for session in self.sessions.owned_by(owner):
-            n = common_prefix_length(session.tokens, prompt)
-            if n > best_len and session.users == 0:
-                best, best_len = session, n
-        return best
-
-    def _splice_request(
-        self, ext: LeylineRequest | None, session: Session, prompt: list[int]
-    ) -> tuple[SpliceRequest | None, FallbackInfo | None, bool]:
-        """What to ask the engine for: (splice request, a base fallback to report, auto-spliced)."""
-        base = session.tokens
-        if ext is None:  # auto-splice: the client's edits and the template's (see _auto_splice)
-            auto = self._auto_splice(session, base, prompt)
-            return auto, None, auto is not None
-        if (
-            ext.base is not None
-            and not ext.directives
-            and (ext.base.length != len(base) or (ext.base.digest is not None and ext.base.digest != digest(base)))
-        ):
-            if ext.strict:
-                raise APIError(409, "base_mismatch", "the client's base differs from the session's", "leyline.base")
-            return (
-                None,
-                FallbackInfo(code="base_mismatch", message="the client's base differs from the session's"),
-                False,
-            )
-        if not ext.directives:
-            return None, None, False
-        ref = ext.base
-        blocks = self.blocks.resolve((d.block for d in ext.directives), session.owner)
-        request = SpliceRequest(
-            ext.directives, ref.length if ref else None, ref.digest if ref else None, ext.strict, prompt, blocks
-        )
-        return request, None, False
-
-    def _auto_splice(self, session: Session, base: list[int], prompt: list[int]) -> SpliceRequest | None:
-        """Directives for a plain client's prompt: its own edits ``amortize``, the template's by the rule.
-
-        ``session.incoming`` (this request's messages and rendering, when the caller set it) and
-        ``session.transcript`` (the request that produced the base) tell who changed what
-        (``leyline_sdk.turns.explain_client_turn``); without them every edit is the client's.
-        ``apply(base, D)`` is a prefix of the prompt (the rest is prefilled). Records who made each
-        directive in ``session.auto_sources`` and makes this request the next one's transcript.
-        """
-        current = session.incoming if session.incoming and session.incoming.render.tokens == prompt else None
-        previous, session.transcript, session.incoming = session.transcript, current, None
-        session.auto_sources = []
-        if not base or prompt[: len(base)] == base:
-            return None
-        decode = decoder_of(self.chat)
-        if current is None:
-            explained = explain(base, prompt, decode=decode, default=(Mode.AMORTIZE, Source.CLIENT))
-        else:
-            explained = explain_client_turn(base, previous, current, self._render_tokens, decode)
-        session.auto_sources = [s.value for s in explained.sources]
-        return SpliceRequest(explained.directives, prompt=prompt)
-
-    def _render_tokens(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> list[int] | None:
-        """The prompt tokens of ``messages`` (one template render), ``None`` if the template refuses."""
-        try:
-            return self.chat.encode(self.chat.render_text(messages, tools, True))[0]
-        except RenderError:
-            return None
-
     def shed(self, tokens: int, keep: Session | None = None) -> bool:
         """Drop least recently used idle sessions holding at least ``tokens`` cached tokens.
 
@@ -251,15 +164,17 @@ class LeylineService:
 
     @asynccontextmanager
     async def chat_turn(
-        self, ext: LeylineRequest | None, owner: str | None, prompt: list[int]
+        self, ext: LeylineRequest | None, owner: str | None, prompt: list[int], transcript: Transcript | None = None
     ) -> AsyncIterator[ChatTurn]:
         """Resolve the session, splice if asked, prefill; yield the turn; keep or release its handle.
 
         Hold the context for as long as the turn decodes (a stream keeps it until it is closed).
+        ``transcript`` (the request's messages and rendering) lets auto-splice tell the client's
+        edits from the template's.
         """
         if ext is not None:
             self.check_directives(ext.directives, "leyline.directives")
-        session, fallback = self._resolve(ext, owner, prompt)
+        session, fallback = resolve_session(self, ext, owner, prompt)
         if session is None:
             chat = await self._start_with_room(None, prompt, CacheScope(self.salt(owner)), None, None)
             try:
@@ -269,8 +184,10 @@ class LeylineService:
             return
         async with self.sessions.use(session):
             request, base_fallback, auto = (None, None, False)
+            if ext is None:
+                session.incoming = transcript
             if session.handle is not None:
-                request, base_fallback, auto = self._splice_request(ext, session, prompt)
+                request, base_fallback, auto = splice_request(self, ext, session, prompt)
             elif ext is not None and ext.directives and fallback is None:
                 message = "a new session has no base to apply directives to"
                 if ext.strict:
@@ -288,6 +205,8 @@ class LeylineService:
             chat.fallback = fallback or base_fallback or chat.fallback
             chat.auto_splice = auto
             session.handle = chat.turn.handle
+            if session.incoming is not None:  # a new session: this request is the next one's transcript
+                session.transcript, session.incoming = session.incoming, None
             try:
                 yield chat
             finally:
@@ -315,6 +234,7 @@ class LeylineService:
         reused, rotated, prefilled = turn.counts()
         tokens = turn.prompt + turn.generated
         report = turn.report
+        sources = list(chat.session.auto_sources) if chat.auto_splice and chat.session else []
         return LeylineResult(
             session_id=chat.session.id if chat.session else None,
             base=BaseRef(length=len(tokens), digest=digest(tokens)),
@@ -328,6 +248,8 @@ class LeylineService:
             canary=report.canary if report else "skipped",
             completion_token_ids=list(turn.generated),
             splice_ms=report.splice_ms if report else 0.0,
+            sources=sources,
+            template_directives=sources.count("template"),
         )
 
     # -- sessions -----------------------------------------------------------------------------------
