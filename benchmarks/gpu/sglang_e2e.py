@@ -55,7 +55,8 @@ def sglang_args(model: Path, backend: str, context: int) -> list[str]:
     return [
         "--model-path", str(model), "--load-format", "dummy", "--skip-tokenizer-init", "--page-size", "1",
         "--attention-backend", backend, "--context-length", str(context), "--mem-fraction-static", "0.85",
-        "--disable-cuda-graph", "--max-running-requests", "8", "--log-level", "warning",
+        "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled",
+        "--max-running-requests", "8", "--log-level", "warning",
     ]  # fmt: skip
 
 

@@ -52,7 +52,7 @@ class SGLangClient:
         self.loop.run_forever()
 
     async def _attach(self) -> None:
-        from sglang.srt.utils import print_exception_wrapper
+        from sglang.srt.managers.tokenizer_manager import print_exception_wrapper
         from sglang.utils import TypeBasedDispatcher
 
         tm = self.tm
