@@ -3,8 +3,11 @@
     .venv/bin/python benchmarks/bench_replay.py [--model smollm2-135m] [--sessions 8] [--turns 6]
         [--concurrency 1 4 8] [--trace tools|reasoning] [--png docs/results/replay.png]
 
-Every arm replays the same deterministic sessions (``tool_traces.agent_session``) under
-``TruncateOlderThanN(2)`` against a fresh in-process server, ``concurrency`` sessions at a time:
+Every arm replays the same deterministic sessions under ``TruncateOlderThanN(2)`` against a
+fresh in-process server, ``concurrency`` sessions at a time. Traces: ``tools``
+(``tool_traces.agent_session``: reads, re-reads, greps, failing runs) or ``reasoning``
+(``traces.reasoning_agent_trace`` on a template that strips earlier reasoning at each new query,
+installed on the model's tokenizer). Arms:
 
 * **cache off** — the server recomputes every prompt (``prefix_cache=False``);
 * **radix** — policies applied client-side, a plain OpenAI client: the radix prefix cache reuses
@@ -31,7 +34,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import openai  # noqa: E402
-from tool_traces import TOOLS, AgentSession, agent_session  # noqa: E402
+import tool_traces  # noqa: E402
+import traces  # noqa: E402
 
 from leyline_policies import TruncateOlderThanN, run_policies  # noqa: E402
 from leyline_sdk import AsyncLeyline  # noqa: E402
@@ -54,11 +58,11 @@ class Turn:
 
 
 async def _plain_turn(
-    client: openai.AsyncOpenAI, model: str, messages: list[dict]
+    client: openai.AsyncOpenAI, model: str, messages: list[dict], tools: list[dict]
 ) -> tuple[int, int, int, float, float]:
     started = time.perf_counter()
     stream = await client.chat.completions.create(
-        model=model, messages=messages, tools=TOOLS, max_tokens=8, temperature=0, stream=True,
+        model=model, messages=messages, tools=tools, max_tokens=8, temperature=0, stream=True,
         stream_options={"include_usage": True},
     )  # fmt: skip
     ttft, usage, ext = None, None, {}
@@ -72,24 +76,45 @@ async def _plain_turn(
     return usage.prompt_tokens, cached, prefilled, ttft or 0.0, time.perf_counter() - started
 
 
-async def _replay_plain(url: str, model: str, trace: AgentSession) -> list[Turn]:
+@dataclass(frozen=True)
+class Trace:
+    """One session: the full message list of each of its requests, and the tools offered."""
+
+    requests: list[list[dict]]
+    tools: list[dict]
+
+
+def tool_trace(seed: int, turns: int) -> Trace:
+    """A tool-heavy session (see ``tool_traces``)."""
+    session = tool_traces.agent_session(seed, turns)
+    requests, messages = [], list(session.opening)
+    for step in [*session.turns, None]:
+        requests.append(list(messages))
+        messages += step or []
+    return Trace(requests, tool_traces.TOOLS)
+
+
+def reasoning_trace(seed: int, turns: int) -> Trace:
+    """A reasoning agent's session (see ``traces``)."""
+    steps = traces.reasoning_agent_trace(turns=turns, seed=seed, output_lines=20)
+    return Trace([traces.messages_at(steps, t) for t in range(len(steps))], traces.TOOLS)
+
+
+async def _replay_plain(url: str, model: str, trace: Trace) -> list[Turn]:
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
-    policy, sticky, messages, out = TruncateOlderThanN(2), {}, list(trace.opening), []
-    for i in range(len(trace.turns) + 1):
-        effective, sticky, _ = run_policies(messages, [policy], TOOLS, sticky=sticky)
-        prompt, cached, prefilled, ttft, e2e = await _plain_turn(client, model, effective)
+    policy, sticky, out = TruncateOlderThanN(2), {}, []
+    for i, messages in enumerate(trace.requests):
+        effective, sticky, _ = run_policies(messages, [policy], trace.tools, sticky=sticky)
+        prompt, cached, prefilled, ttft, e2e = await _plain_turn(client, model, effective, trace.tools)
         out.append(Turn(i == 0, prompt, cached, prefilled, ttft, e2e))
-        if i < len(trace.turns):
-            messages += trace.turns[i]
     return out
 
 
-async def _replay_leyline(url: str, model: str, trace: AgentSession) -> list[Turn]:
+async def _replay_leyline(url: str, model: str, trace: Trace) -> list[Turn]:
     out = []
     async with AsyncLeyline(base_url=url + "/v1", policies=[TruncateOlderThanN(2)]) as client:
-        session = client.session(tools=TOOLS)
-        messages = list(trace.opening)
-        for i in range(len(trace.turns) + 1):
+        session = client.session(tools=trace.tools)
+        for i, messages in enumerate(trace.requests):
             started = time.perf_counter()
             stream = await session.create(
                 model=model, messages=messages, max_tokens=8, temperature=0, stream=True,
@@ -102,39 +127,35 @@ async def _replay_leyline(url: str, model: str, trace: AgentSession) -> list[Tur
             cached = s.reused_tokens + s.rotated_tokens
             out.append(Turn(i == 0, s.prompt_tokens, cached, s.prefilled_tokens, ttft or 0.0,
                             time.perf_counter() - started))  # fmt: skip
-            if i < len(trace.turns):
-                messages += trace.turns[i]
     return out
 
 
-def physical_maximum(chat: Any, traces: list[AgentSession]) -> float:
+def physical_maximum(chat: Any, sessions: list[Trace]) -> float:
     """Reusable share of prompt tokens after the first turn: all but stubs and new turns."""
     reusable = total = 0
-    for trace in traces:
-        policy, sticky, messages, previous = TruncateOlderThanN(2), {}, list(trace.opening), None
-        for i in range(len(trace.turns) + 1):
-            effective, sticky, _ = run_policies(messages, [policy], TOOLS, sticky=sticky)
-            tokens = chat.render(effective, tools=TOOLS).tokens
+    for trace in sessions:
+        policy, sticky, previous = TruncateOlderThanN(2), {}, None
+        for messages in trace.requests:
+            effective, sticky, _ = run_policies(messages, [policy], trace.tools, sticky=sticky)
+            tokens = chat.render(effective, tools=trace.tools).tokens
             if previous is not None:
                 changed = sum(len(d.replacement) for d in diff_token_sequences(previous, tokens))
                 reusable += len(tokens) - changed
                 total += len(tokens)
             previous = tokens
-            if i < len(trace.turns):
-                messages += trace.turns[i]
     return reusable / max(total, 1)
 
 
-async def run_arm(arm: str, url: str, model: str, traces: list[AgentSession], concurrency: int) -> list[Turn]:
+async def run_arm(arm: str, url: str, model: str, sessions: list[Trace], concurrency: int) -> list[Turn]:
     """Replay every trace, ``concurrency`` at a time."""
     gate = asyncio.Semaphore(concurrency)
 
-    async def one(trace: AgentSession) -> list[Turn]:
+    async def one(trace: Trace) -> list[Turn]:
         async with gate:
             replay = _replay_leyline if arm == "leyline" else _replay_plain
             return await replay(url, model, trace)
 
-    results = await asyncio.gather(*(one(t) for t in traces))
+    results = await asyncio.gather(*(one(t) for t in sessions))
     return [turn for turns in results for turn in turns]
 
 
@@ -187,9 +208,11 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--kv-budget-mb", type=float, default=512)
     parser.add_argument("--context", type=int, default=8192, help="the server's context limit")
+    parser.add_argument("--trace", choices=("tools", "reasoning"), default="tools")
     parser.add_argument("--png", default="docs/results/replay.png")
     args = parser.parse_args()
-    traces = [agent_session(seed, args.turns) for seed in range(args.sessions)]
+    make = tool_trace if args.trace == "tools" else reasoning_trace
+    sessions = [make(seed, args.turns) for seed in range(args.sessions)]
     rows, physical = [], None
     for concurrency in args.concurrency:
         for arm in ARMS:
@@ -197,13 +220,17 @@ def main() -> None:
                 args.model, kv_budget_mb=args.kv_budget_mb, max_context_tokens=args.context, default_max_tokens=8,
                 prefix_cache=arm != "cache off",
             )  # fmt: skip
-            physical = physical if physical is not None else physical_maximum(service.chat, traces)
+            if args.trace == "reasoning":
+                service.tokenizer.chat_template = traces.REASONING_TEMPLATE
+            physical = physical if physical is not None else physical_maximum(service.chat, sessions)
             t0 = time.perf_counter()
             with serve_in_thread(service) as url:
-                turns = asyncio.run(run_arm(arm, url, args.model, traces, concurrency))
+                turns = asyncio.run(run_arm(arm, url, args.model, sessions, concurrency))
             rows.append((concurrency, arm, summary(turns)))
             print(f"C={concurrency} {arm}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    print(f"{args.sessions} sessions x {args.turns + 1} requests, model {args.model}, TruncateOlderThanN(2)\n")
+    requests = sum(len(t.requests) for t in sessions)
+    head = f"{args.trace} trace: {args.sessions} sessions, {requests} requests, model {args.model}"
+    print(head + ", TruncateOlderThanN(2)\n")
     print("| C | arm | replay hit | physical max | prefilled tokens | TTFT p50 ms | TTFT p90 ms | e2e p50 | e2e p90 |")
     print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for concurrency, arm, s in rows:
