@@ -22,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict
 
 from leyline_sdk.errors import RenderError
+from leyline_sdk.tool_text import ToolSupport, to_text_form
 
 __all__ = ["Span", "RenderedConversation", "RenderDetail", "ChatTokenizer", "HFChatTokenizer", "normalize_messages"]
 
@@ -130,6 +131,27 @@ class HFChatTokenizer:
 
         self._render_jinja: Any = render_jinja_template
         self.isolated_tokens = _isolated_tokens(tokenizer)
+        self.tool_support = self._probe_tools()
+
+    def _probe_tools(self) -> ToolSupport:
+        """What the template renders of OpenAI's tool shapes (else :mod:`leyline_sdk.tool_text` steps in)."""
+
+        def renders(messages: list[dict[str, Any]], needle: str, tools: list[dict[str, Any]] | None = None) -> bool:
+            try:
+                return needle in self._render(messages, tools, False)
+            except RenderError:
+                return False
+
+        user = {"role": "user", "content": "x"}
+        fn = {"type": "function", "function": {"name": "leyline_probe_fn", "parameters": {"type": "object"}}}
+        call = {"id": "c", "type": "function", "function": {"name": "leyline_probe_call", "arguments": "{}"}}
+        return ToolSupport(
+            definitions=renders([user], "leyline_probe_fn", [fn]),
+            calls=renders([user, {"role": "assistant", "content": None, "tool_calls": [call]}], "leyline_probe_call"),
+            tool_role=renders(
+                [user, {"role": "tool", "tool_call_id": "c", "content": "leyline_probe_out"}], "leyline_probe_out"
+            ),
+        )
 
     def hard_split(self, text: str, pos: int) -> bool:
         """Whether tokenizing ``text`` is independent on both sides of ``pos``.
@@ -147,7 +169,23 @@ class HFChatTokenizer:
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
     ) -> str:
-        """The chat template's text for ``messages`` (no tokenization; zero messages allowed)."""
+        """The chat template's text for ``messages`` (no tokenization; zero messages allowed).
+
+        Where the template lacks tool syntax, tool definitions, calls and results are rendered
+        in the text form of :mod:`leyline_sdk.tool_text` (byte-stable).
+        """
+        if not self.tool_support.native:
+            messages = to_text_form(messages, tools, self.tool_support)
+            tools = tools if self.tool_support.definitions else None
+        return self._render(messages, tools, add_generation_prompt)
+
+    def _render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        add_generation_prompt: bool,
+    ) -> str:
+        """The template itself, nothing rewritten."""
         try:
             template = self.tokenizer.get_chat_template(None, list(tools) if tools else None)
             rendered, _ = self._render_jinja(  # type: ignore[misc]  # transformers' untyped helper

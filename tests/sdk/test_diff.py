@@ -25,7 +25,8 @@ def check_diff(chat, old_messages, new_messages, edited_old, tools) -> bool:
     # edited message's old content reappear elsewhere: it may then have been matched there).
     if any(new_messages.count(m) > max(1, old_messages.count(m)) for m in new_messages):
         return False
-    if any(old_messages[i] in new_messages for i in edited_old):  # an edited message's old content reappears
+    moved = (j for i in edited_old for j, m in enumerate(new_messages) if m == old_messages[i] and j != i)
+    if any(True for _ in moved):  # an edited message's old content reappears elsewhere
         return False
     twins = {j for j, m in enumerate(old_messages) if old_messages.count(m) > 1}
     allowed = set()
