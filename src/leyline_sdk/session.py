@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
-from pydantic import BaseModel
 
 import leyline_policies
 from leyline_sdk.blocks import Blocks, block_fingerprint, place_blocks, strip_block_marks, with_repair
@@ -40,62 +38,14 @@ from leyline_sdk.directives import Directive, Mode, apply, digest
 from leyline_sdk.errors import NotFoundError, SpliceFallbackError
 from leyline_sdk.renderer import Renderer
 from leyline_sdk.rendering import RenderedConversation
+from leyline_sdk.stats import TurnStats, _Turn
 from leyline_sdk.templates import Source
 from leyline_sdk.transport import Transport
-from leyline_sdk.turns import decoder_of, explain_turn, local_chat, render_tokens
+from leyline_sdk.turns import decoder_of, explain_turn, local_chat, render_tokens, seen_view
 from leyline_sdk.validation import check_messages, check_model, check_tools
-from leyline_sdk.wire import BaseRef, DirectivesResult, LeylineRequest, LeylineResult, SpliceCounts
+from leyline_sdk.wire import BaseRef, DirectivesResult, LeylineRequest, LeylineResult
 
 __all__ = ["LeylineSession", "TurnStats"]
-
-
-class TurnStats(BaseModel):
-    """What one request cost and what Leyline did."""
-
-    turn: int
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    reused_tokens: int = 0
-    rotated_tokens: int = 0
-    prefilled_tokens: int = 0
-    approximate_tokens: int = 0
-    directives: int = 0
-    fallback: str | None = None
-    cleared: int = 0
-    removed_chars: int = 0
-    elapsed_ms: float = 0.0
-    blocks: int = 0  # block messages placed by relocation (directives naming a block)
-    block_fallback: str | None = None  # why a new block message was prefilled instead (e.g. "no_base")
-    sources: list[str] = []  # who made each explained directive: "template", "policy" or "client"
-    template_directives: int = 0  # directives for edits the chat template made (e.g. dropped reasoning)
-    policy_directives: int = 0  # directives for the policies' edits
-
-    def attribute(self, sources: Sequence[str]) -> None:
-        """Record who made each directive (see ``leyline_sdk.templates.Source``)."""
-        self.sources = [str(getattr(s, "value", s)) for s in sources]
-        self.template_directives = self.sources.count("template")
-        self.policy_directives = self.sources.count("policy")
-
-    def count(self, counts: SpliceCounts) -> None:
-        """Copy the server's token counts."""
-        self.reused_tokens = counts.reused_tokens
-        self.rotated_tokens = counts.rotated_tokens
-        self.prefilled_tokens = counts.prefilled_tokens
-        self.approximate_tokens = counts.approximate_tokens
-
-
-@dataclass
-class _Turn:
-    """One request in preparation: the effective messages, their rendering, what is sent."""
-
-    effective: list[dict[str, Any]]
-    prompt: RenderedConversation | None
-    report: leyline_policies.EditReport
-    extension: LeylineRequest | None = None
-    fallback: str | None = None
-    block_ids: tuple[str, ...] = ()
-    block_fallback: str | None = None
-    sources: list[str] = field(default_factory=list)
 
 
 class LeylineSession:
@@ -170,16 +120,6 @@ class LeylineSession:
         self.effective = effective
         return effective, report.modes(), report  # by effective index: errata shift later messages
 
-    def _seen_view(self, prompt: RenderedConversation, k: int, old: RenderedConversation) -> RenderedConversation:
-        """The new rendering of the ``k`` seen messages, followed by the base's generation prompt."""
-        end = prompt.message_spans[k - 1].end if k else prompt.head.end
-        return RenderedConversation.model_construct(
-            tokens=prompt.tokens[:end] + old.tokens[old.tail.start :],
-            message_spans=prompt.message_spans[:k],
-            prefix_stable=prompt.prefix_stable,
-            unstable_reason=prompt.unstable_reason,
-        )
-
     def _directives(
         self, effective: list[dict[str, Any]], prompt: RenderedConversation, modes: Mapping[int, Mode], turn: bool
     ) -> tuple[list[Directive], RenderedConversation] | None:
@@ -198,7 +138,7 @@ class LeylineSession:
         ):
             self._fallback("prompt_mismatch", "the agent rewrote messages the server has seen")
             return None
-        seen = self._seen_view(prompt, k, old)
+        seen = seen_view(prompt, k, old)
         if turn:  # the template's own edits too (dropped reasoning, a re-rendered answer): turns.py
             directives = self._explain_turn(effective, prompt, modes)
             result = apply(base, directives)

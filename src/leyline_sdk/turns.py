@@ -35,7 +35,7 @@ from leyline_sdk.templates import (
     explain_composed,
 )
 
-__all__ = ["explain_turn", "explain_client_turn", "local_chat", "decoder_of", "render_tokens"]
+__all__ = ["explain_turn", "explain_client_turn", "local_chat", "decoder_of", "render_tokens", "seen_view"]
 
 
 def _seen_view(new: RenderedConversation, k: int, old: RenderedConversation) -> RenderedConversation:
@@ -195,3 +195,14 @@ async def render_tokens(
         return chat.encode(chat.render_text(messages, tools, True))[0]
     rendered = await renderer.render(messages, tools)
     return list(rendered.tokens) if rendered is not None else None
+
+
+def seen_view(prompt: RenderedConversation, k: int, old: RenderedConversation) -> RenderedConversation:
+    """The new rendering of the ``k`` messages the server has seen, then the base's generation prompt."""
+    end = prompt.message_spans[k - 1].end if k else prompt.head.end
+    return RenderedConversation.model_construct(
+        tokens=prompt.tokens[:end] + old.tokens[old.tail.start :],
+        message_spans=prompt.message_spans[:k],
+        prefix_stable=prompt.prefix_stable,
+        unstable_reason=prompt.unstable_reason,
+    )
