@@ -1,0 +1,245 @@
+"""Sequences as cache entries: prefix matching, sharing, LRU eviction, decoding with room-making.
+
+Every cached token sequence lives in one llama.cpp sequence of the unified KV pool, as an
+:class:`Entry`. A *pinned* entry belongs to a live handle; an unpinned one is ordinary cache,
+matched by later prefills and evicted least recently used first when sequence ids or cells run out.
+
+**Sharing.** A new entry reuses the matched prefix of another with ``llama_memory_seq_cp``: the
+cells then belong to both sequences (no copy). A cell has *one* position, so a shared cell moves
+for every sequence holding it: ``Entry.links`` records, for each other entry, the leading
+positions ``[0, m)`` the two share (sharing is always a common prefix at identical positions, and
+links are kept transitively closed). Splices only move cells past every link
+(:meth:`SequenceCache.unshare_after`): unpinned sharers are trimmed, pinned ones keep their cells
+while the splicing entry gets a private copy made through the state API.
+
+**Privacy.** Exact KV (``[0, exact)``) is matched by every request with the same salt; KV past
+``exact`` (rotated, or computed after a rotation) only by requests carrying the entry's private tag.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from leyline_server.engines.base import CacheScope, CapacityError
+from leyline_server.engines.llamacpp.lib import LlamaContext
+
+__all__ = ["Entry", "SequenceCache"]
+
+
+@dataclass(eq=False)
+class Entry:
+    """One llama.cpp sequence holding KV for ``tokens`` at positions ``[0, len(tokens))``."""
+
+    seq: int
+    tokens: np.ndarray
+    exact: int
+    scope: CacheScope
+    rotations: np.ndarray
+    pinned: bool = True
+    used: int = 0
+    links: dict[Entry, int] = field(default_factory=dict)
+
+    @property
+    def cached(self) -> int:
+        """Tokens with KV in the sequence."""
+        return len(self.tokens)
+
+    def set_tokens(self, tokens: Sequence[int] | np.ndarray, exact: int, rotations: np.ndarray | None = None) -> None:
+        """Replace the entry's description (after a splice or an extension)."""
+        self.tokens = np.asarray(tokens, dtype=np.int64)
+        self.exact = min(exact, len(self.tokens))
+        n = len(self.tokens)
+        self.rotations = np.zeros(n, dtype=np.int32) if rotations is None else rotations[:n].astype(np.int32)
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the common prefix of two token arrays."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if len(diff) else n
+
+
+class SequenceCache:
+    """The entries of one context; sequence ids ``[reserved, n_seq_max)`` hold entries."""
+
+    def __init__(self, ctx: LlamaContext, reserved: int) -> None:
+        self.ctx = ctx
+        self.entries: dict[int, Entry] = {}
+        self._free = list(range(ctx.config.n_seq_max - 1, reserved - 1, -1))
+        self._clock = itertools.count(1)
+        if not self._free:
+            raise ValueError("no sequence ids left for cache entries")
+
+    def touch(self, entry: Entry) -> None:
+        """Mark ``entry`` as just used (LRU order)."""
+        entry.used = next(self._clock)
+
+    # -- matching ---------------------------------------------------------------------------------
+    @staticmethod
+    def visible(entry: Entry, tokens: np.ndarray, scope: CacheScope) -> int:
+        """How many leading ``tokens`` a request in ``scope`` may reuse from ``entry``."""
+        if entry.scope.salt != scope.salt:
+            return 0
+        common = common_prefix(entry.tokens, tokens)
+        if scope.private is not None and entry.scope.private == scope.private:
+            return common
+        return min(common, entry.exact)
+
+    def best_match(self, tokens: Sequence[int], scope: CacheScope, prefer: Entry | None) -> tuple[Entry | None, int]:
+        """The entry sharing the longest visible prefix with ``tokens`` (ties: ``prefer``, then unpinned)."""
+        array = np.asarray(tokens, dtype=np.int64)
+        best, best_key = None, (0, False, False)
+        for entry in self.entries.values():
+            n = self.visible(entry, array, scope)
+            key = (n, entry is prefer, not entry.pinned)
+            if n and key > best_key:
+                best, best_key = entry, key
+        return best, best_key[0]
+
+    # -- allocation and eviction --------------------------------------------------------------------
+    def new_entry(self, scope: CacheScope, protect: Collection[Entry] = ()) -> Entry:
+        """An empty pinned entry on a free sequence id (evicting the least recently used if needed)."""
+        while not self._free:
+            if not self.evict_one(protect):
+                raise CapacityError(f"all {len(self.entries)} llama.cpp sequences are held by live sessions")
+        seq = self._free.pop()
+        entry = Entry(seq, np.zeros(0, dtype=np.int64), 0, scope, np.zeros(0, dtype=np.int32))
+        self.entries[seq] = entry
+        self.touch(entry)
+        return entry
+
+    def evict_one(self, protect: Collection[Entry] = ()) -> bool:
+        """Drop the least recently used unpinned entry not in ``protect``; ``False`` if there is none."""
+        candidates = [e for e in self.entries.values() if not e.pinned and e not in protect]
+        if not candidates:
+            return False
+        self.drop(min(candidates, key=lambda e: e.used))
+        return True
+
+    def drop(self, entry: Entry) -> None:
+        """Remove ``entry``'s sequence from the pool and forget it."""
+        self.ctx.seq_rm(entry.seq)
+        for other in entry.links:
+            other.links.pop(entry, None)
+        entry.links.clear()
+        entry.set_tokens([], 0)
+        del self.entries[entry.seq]
+        self._free.append(entry.seq)
+
+    def release(self, entry: Entry) -> None:
+        """Unpin ``entry``: it stays as evictable cache (an empty one is dropped)."""
+        entry.pinned = False
+        self.touch(entry)
+        if entry.cached == 0:
+            self.drop(entry)
+
+    # -- sharing ----------------------------------------------------------------------------------
+    def share(self, src: Entry, dst: Entry, n: int) -> None:
+        """Make empty ``dst`` hold ``src``'s first ``n`` tokens (shared cells)."""
+        self.ctx.seq_cp(src.seq, dst.seq, 0, n)
+        dst.set_tokens(src.tokens[:n], min(src.exact, n), src.rotations)
+        self._link(dst, src, n)
+        for other, m in list(src.links.items()):
+            if other is not dst:
+                self._link(dst, other, min(m, n))
+
+    @staticmethod
+    def _link(a: Entry, b: Entry, n: int) -> None:
+        if n > 0:
+            a.links[b] = b.links[a] = n
+        else:
+            a.links.pop(b, None)
+            b.links.pop(a, None)
+
+    def trim(self, entry: Entry, n: int) -> None:
+        """Keep only ``entry``'s first ``n`` tokens."""
+        if n < entry.cached:
+            self.ctx.seq_rm(entry.seq, n, -1)
+            entry.set_tokens(entry.tokens[:n], entry.exact, entry.rotations)
+        for other, m in list(entry.links.items()):
+            self._link(entry, other, min(m, n))
+
+    def unshare_after(self, entry: Entry, start: int, scratch: int) -> None:
+        """Make ``entry``'s cells from position ``start`` on its own, so that they may move.
+
+        Unpinned sharers are trimmed to ``start``; cells shared with pinned entries are copied
+        into fresh cells for ``entry`` (the others keep the originals where they are).
+        """
+        pinned_end = start
+        for other, m in list(entry.links.items()):
+            if m <= start:
+                continue
+            if other.pinned:
+                pinned_end = max(pinned_end, m)
+            else:
+                self.trim(other, start)
+        if pinned_end > start:
+            self.copy_cells(entry.seq, start, pinned_end, scratch)
+            self.ctx.seq_rm(entry.seq, start, pinned_end)
+            self.ctx.seq_cp(scratch, entry.seq, start, pinned_end)
+            self.ctx.seq_rm(scratch)
+        for other, m in list(entry.links.items()):
+            self._link(entry, other, min(m, start))
+
+    def copy_cells(self, src_seq: int, p0: int, p1: int, scratch: int, protect: Collection[Entry] = ()) -> None:
+        """Fresh copies of ``src_seq``'s cells at ``[p0, p1)`` into the (emptied) ``scratch`` sequence.
+
+        Goes through the state API (``seq_state_get`` of a temporary sequence holding just those
+        cells, then ``seq_state_set``), the only way llama.cpp copies cell data. The cells must
+        not have a pending position shift (the state API writes the keys as they are stored).
+        """
+        self.ctx.seq_rm(scratch)
+        self.ctx.seq_cp(src_seq, scratch, p0, p1)
+        blob = self.ctx.state_get(scratch)
+        self.ctx.seq_rm(scratch)
+        while not self.ctx.state_set(blob, scratch):
+            if not self.evict_one(protect):
+                raise CapacityError(f"no room to copy {p1 - p0} KV cells")
+
+    # -- decoding ---------------------------------------------------------------------------------
+    def decode(
+        self, seq: int, tokens: Sequence[int], pos0: int, want_logits: bool, protect: Collection[Entry] = ()
+    ) -> np.ndarray | None:
+        """Decode ``tokens`` at ``pos0..`` into ``seq``, evicting cache when the pool is full.
+
+        Raises :class:`CapacityError` when nothing is left to evict (the chunks decoded before
+        stay in the sequence).
+        """
+        step = self.ctx.n_batch
+        for off in range(0, len(tokens), step):
+            chunk = tokens[off : off + step]
+            last = off + step >= len(tokens)
+            self.decode_batch([(seq, t, pos0 + off + i) for i, t in enumerate(chunk)], want_logits and last, protect)
+        return self.ctx.last_logits() if want_logits and tokens else None
+
+    def decode_batch(
+        self, batch: Sequence[tuple[int, int, int]], want_logits: bool, protect: Collection[Entry] = ()
+    ) -> None:
+        """One ``llama_decode`` call, retried after evicting cache while the pool is full."""
+        while True:
+            rc = self.ctx.decode(batch, want_logits)
+            if rc == 0:
+                return
+            if rc != 1:
+                raise RuntimeError(f"llama_decode failed (return code {rc})")
+            if not self.evict_one(protect):
+                raise CapacityError(f"the KV pool ({self.ctx.n_ctx} cells) is full of live sessions")
+
+    def extend(self, entry: Entry, tokens: Sequence[int], want_logits: bool) -> np.ndarray | None:
+        """Append ``tokens`` to ``entry`` (its description follows each decoded chunk)."""
+        logits = None
+        step = self.ctx.n_batch
+        for off in range(0, len(tokens), step):
+            chunk = list(tokens[off : off + step])
+            last = off + step >= len(tokens)
+            logits = self.decode(entry.seq, chunk, entry.cached, want_logits and last, (entry,))
+            exact = entry.exact + len(chunk) if entry.exact >= entry.cached else entry.exact
+            rotations = np.concatenate([entry.rotations, np.zeros(len(chunk), dtype=np.int32)])
+            entry.set_tokens(np.concatenate([entry.tokens, np.asarray(chunk, dtype=np.int64)]), exact, rotations)
+        return logits

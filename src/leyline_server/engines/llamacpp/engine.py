@@ -1,0 +1,308 @@
+"""The llama.cpp engine core: sequences of one unified KV pool as cache entries (synchronous).
+
+Everything here runs on one thread (:class:`~leyline_server.engines.llamacpp.serving.AsyncLlamaCppEngine`
+owns it). It implements :class:`~leyline_server.engines.base.SpliceBackend`:
+
+* ``prefill`` — reuse the longest visible prefix of any entry (``seq_cp``: shared cells), or
+  take over the caller's previous sequence, and decode the rest;
+* the splice stages work **in place** on the session's own sequence (llama.cpp cannot copy
+  cells cheaply, but it can move them): ``begin`` makes the cells past ``keep`` private
+  (:meth:`SequenceCache.unshare_after`); the first ``move`` removes every base token the plan
+  drops and moves the kept runs with ``llama_memory_seq_add`` (keys are re-rotated by llama.cpp
+  itself, lazily, at the next decode); each ``fill`` decodes its tokens in a scratch sequence that
+  holds only the staged prefix ``[0, at)`` and hands the new cells over; a block (``Place``) is
+  copied through the state API and moved; ``commit`` re-describes the sequence; ``abort`` cuts it
+  back to ``keep`` (the old handle then re-prefills its tail when used again);
+* ``canary`` reads rotated layer-0 keys back through the state API and compares them with the
+  keys of the same tokens decoded alone at the same positions (layer-0 keys depend on nothing else);
+* ``decode`` — llama.cpp's sampler chain over the kept logits rows, one token per ``next()``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from leyline_sdk.directives import KeptRun
+from leyline_server.engines.base import (
+    SHARED,
+    CacheScope,
+    CanaryResult,
+    GenerationStep,
+    Handle,
+    ModelInfo,
+    Prefilled,
+    SamplingParams,
+)
+from leyline_server.engines.llamacpp.cache import Entry, SequenceCache
+from leyline_server.engines.llamacpp.lib import ContextConfig, LlamaContext, LlamaModel, TokenSampler, logprobs
+from leyline_server.engines.llamacpp.stage import Stage, canary_keys, move_block, prepare
+
+__all__ = ["LlamaCppEngine", "SeqHandle", "CANARY_TOLERANCE", "SCRATCH", "COPY", "CANARY_SEQS"]
+
+CANARY_TOLERANCE = {"float32": 2e-3, "float16": 2e-2, "bfloat16": 3e-2}
+SCRATCH, COPY = 0, 1  # reserved sequence ids: fills, copies and read-backs
+CANARY_SEQS = (2, 3, 4, 5)  # one empty sequence per canary token (reference keys)
+_RESERVED = 2 + len(CANARY_SEQS)
+
+
+@dataclass
+class SeqHandle(Handle):
+    """A handle whose cached tokens are the llama.cpp sequence of ``entry`` (``None`` once released)."""
+
+    entry: Entry | None = None
+
+
+def _entry(handle: Handle) -> Entry | None:
+    if not isinstance(handle, SeqHandle):
+        raise TypeError(f"not a handle of the llama.cpp engine: {type(handle).__name__}")
+    return handle.entry
+
+
+def _threads() -> tuple[int, int]:
+    """(decode threads, prompt threads): one decode thread per two cores, every core for prompts."""
+    cores = os.cpu_count() or 2
+    return max(1, cores // 2), cores
+
+
+class LlamaCppEngine:
+    """One GGUF model, one unified KV pool, its sequences as cache. Not thread-safe: use one thread.
+
+    ``rotation_budget``: how often one cell's key may be rotated before splices touching it are
+    refused (``drift_budget``); ``canary_tolerance``: the largest relative layer-0 key error a
+    splice may show (by KV dtype). ``prefix_cache=False``: every prefill starts from scratch.
+    """
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        n_ctx: int,
+        kv_type: str = "float16",
+        flash_attn: bool | None = None,
+        n_seq_max: int = 256,
+        threads: tuple[int, int] | None = None,
+        eos_token_ids: Sequence[int] | None = None,
+        rotation_budget: int = 64,
+        name: str = "model",
+        max_context_tokens: int | None = None,
+        prefix_cache: bool = True,
+    ) -> None:
+        n_threads, n_threads_batch = threads or _threads()
+        config = ContextConfig(n_ctx, n_seq_max, 512, n_threads, n_threads_batch, kv_type, flash_attn)
+        self.model = model
+        self.ctx = LlamaContext(model, config)
+        self.cache = SequenceCache(self.ctx, _RESERVED)
+        self.kv_type = kv_type
+        self.rotation_budget = rotation_budget
+        self.canary_tolerance = CANARY_TOLERANCE.get(kv_type, 2e-2)
+        self.prefix_cache = prefix_cache
+        shiftable = self.ctx.can_shift
+        capacity = self.ctx.n_ctx
+        self._info = ModelInfo(
+            name=name,
+            vocab_size=model.n_vocab,
+            eos_token_ids=tuple(eos_token_ids if eos_token_ids is not None else model.eos_tokens()),
+            max_context_tokens=min(max_context_tokens or model.n_ctx_train, model.n_ctx_train, capacity),
+            kv_capacity_tokens=capacity,
+            shiftable=shiftable,
+            unshiftable_reason=None
+            if shiftable
+            else "llama.cpp cannot shift this model's KV cache (llama_memory_can_shift is false: "
+            "M-RoPE, recurrent or sliding-window memory): its splices are served as forget",
+            engine="llamacpp",
+        )
+
+    @property
+    def info(self) -> ModelInfo:
+        """What the service needs to know about the model."""
+        return self._info
+
+    def close(self) -> None:
+        """Free the context and the model."""
+        self.ctx.close()
+        self.model.close()
+
+    # -- prefill and decode ---------------------------------------------------------------------
+    def _target(self, tokens: list[int], scope: CacheScope, previous: Entry | None) -> tuple[Entry, int, int, bool]:
+        """(entry to extend, reused tokens, exact among them, whether the entry is new)."""
+        cache = self.cache
+        limit = tokens[:-1] if self.prefix_cache else []
+        best, n = cache.best_match(limit, scope, prefer=previous)
+        exact = min(n, best.exact) if best is not None else 0
+        if best is not None and (best is previous or (not best.pinned and n == best.cached)):
+            cache.trim(best, n)  # take the sequence over: the caller's own, or a cache entry used whole
+            best.pinned = True
+            return best, n, exact, False
+        if previous is not None and best is None:
+            cache.trim(previous, 0)
+            return previous, 0, 0, False
+        entry = cache.new_entry(scope, protect=(best,) if best is not None else ())
+        if best is not None:
+            cache.share(best, entry, n)
+        return entry, n, exact, True
+
+    def prefill(self, tokens: Sequence[int], scope: CacheScope = SHARED, previous: Handle | None = None) -> Prefilled:
+        """Cache ``tokens`` reusing the longest prefix visible in ``scope``; ``state`` = last logits.
+
+        At least the last token is computed, so its logits are fresh. ``previous`` is released
+        (its sequence may be taken over) on success; on an error it is left to the caller.
+        """
+        tokens = list(tokens)
+        prev = _entry(previous) if previous is not None else None
+        if not tokens:
+            if previous is not None:
+                self.release(previous)
+            return Prefilled(SeqHandle([], 0, 0, scope), 0, 0, None)
+        entry, reused, exact, new = self._target(tokens, scope, prev)
+        pinned_exact = exact >= reused
+        entry.scope = scope
+        entry.set_tokens(entry.tokens, reused if pinned_exact else exact, entry.rotations)
+        try:
+            logits = self.cache.extend(entry, tokens[reused:], want_logits=True)
+        except BaseException:
+            if new:
+                self.cache.drop(entry)
+            elif entry is not prev:
+                self.cache.release(entry)
+            raise
+        self.cache.touch(entry)
+        if previous is not None:
+            if entry is prev:
+                previous.entry = None  # type: ignore[attr-defined]
+            else:
+                self.release(previous)
+        handle = SeqHandle(tokens, entry.cached, entry.exact, scope, entry)
+        return Prefilled(handle, reused, reused - exact, logits)
+
+    def release(self, handle: Handle) -> None:
+        """Unpin a handle's sequence (it stays as evictable cache); releasing twice is harmless."""
+        entry = _entry(handle)
+        if entry is not None:
+            handle.entry = None  # type: ignore[attr-defined]
+            self.cache.release(entry)
+
+    def decode(self, handle: Handle, logits: Any, params: SamplingParams) -> Generator[GenerationStep, None, None]:
+        """Yield decoded tokens after ``handle`` (whose last logits are ``logits``).
+
+        Each generated token but the last is appended to the handle's sequence; ``handle`` is
+        updated in place when the generator ends or is closed early.
+        """
+        entry = _entry(handle)
+        if entry is None and params.max_tokens:
+            raise ValueError("decode needs a live handle")
+        sampler = TokenSampler(params, self.model.n_vocab)
+        stops = set(params.stop_token_ids) | set(self._info.eos_token_ids)
+        generated: list[int] = []
+        try:
+            for i in range(params.max_tokens):
+                token = sampler.sample(logits)
+                step = GenerationStep(token)
+                if params.logprobs:
+                    step.logprob, step.top_logprobs = logprobs(logits, token, params.top_logprobs)
+                generated.append(token)
+                if token in stops or i == params.max_tokens - 1:
+                    step.finish_reason = "stop" if token in stops else "length"
+                    yield step
+                    return
+                yield step
+                assert entry is not None
+                logits = self.cache.extend(entry, [token], want_logits=True)
+        finally:
+            sampler.close()
+            handle.tokens = list(handle.tokens) + generated
+            if entry is not None:
+                handle.cached, handle.exact = entry.cached, entry.exact
+
+    # -- splice stages (SpliceBackend) ------------------------------------------------------------
+    def rotation_counts(self, handle: Handle, positions: Sequence[int]) -> list[int] | None:
+        """How often the keys at ``positions`` of ``handle`` were rotated already."""
+        entry = _entry(handle)
+        if entry is None:
+            return [0] * len(positions)
+        return [int(x) for x in entry.rotations[np.asarray(list(positions), dtype=np.int64)]]
+
+    def begin(self, handle: Handle, keep: int) -> Stage:
+        """A stage on ``handle``'s own sequence that keeps its first ``keep`` tokens where they are."""
+        entry = _entry(handle)
+        if entry is None:
+            entry = self.cache.new_entry(handle.scope)
+            return Stage(handle, entry, 0, owned=True)
+        self.cache.unshare_after(entry, keep, COPY)
+        return Stage(handle, entry, keep)
+
+    def move(self, stage: Stage, handle: Handle, runs: Sequence[KeptRun]) -> None:
+        """Move kept ``runs`` of the stage's own sequence, or place a copy of another handle's (a block)."""
+        source = _entry(handle)
+        if source is stage.entry and not stage.prepared:
+            prepare(self.cache, stage, runs)
+            return
+        prepare(self.cache, stage, ())
+        if source is None:
+            raise ValueError("moving rows of a released handle")
+        for run in runs:
+            move_block(self.cache, stage, source, run, COPY)
+
+    def fill(self, stage: Stage, at: int, tokens: Sequence[int]) -> None:
+        """Compute ``tokens`` at positions ``[at, ...)`` attending to the staged ``[0, at)``."""
+        prepare(self.cache, stage, ())
+        ctx, seq = self.ctx, stage.entry.seq
+        if ctx.pos_max(seq) == at - 1:  # nothing staged past ``at``: decode in place
+            self.cache.decode(seq, list(tokens), at, want_logits=False)
+        else:
+            ctx.seq_rm(SCRATCH)
+            if at:
+                ctx.seq_cp(seq, SCRATCH, 0, at)
+            self.cache.decode(SCRATCH, list(tokens), at, want_logits=False)
+            ctx.seq_cp(SCRATCH, seq, at, at + len(tokens))
+            ctx.seq_rm(SCRATCH)
+        stage.set_rotations(at, np.zeros(len(tokens), dtype=np.int32))
+
+    def canary(self, stage: Stage, positions: Sequence[int], tokens: Sequence[int]) -> CanaryResult:
+        """Compare staged layer-0 keys at ``positions`` with the model's own keys for ``tokens``."""
+        if not positions:
+            return CanaryResult(False)
+        result = canary_keys(self.cache, stage.entry.seq, positions, tokens, COPY, CANARY_SEQS)
+        if result is None:
+            return CanaryResult(False)
+        actual, expected = result
+        error = float(np.abs(actual - expected).max()) / max(float(np.abs(expected).max()), 1e-6)
+        return CanaryResult(True, error, self.canary_tolerance)
+
+    def commit(self, stage: Stage, tokens: Sequence[int], exact: int, previous: Handle) -> SeqHandle:
+        """Describe the staged sequence as ``tokens`` under ``previous``'s scope; ``previous`` is consumed."""
+        prepare(self.cache, stage, ())
+        entry = stage.entry
+        n = min(len(tokens), self.ctx.pos_max(entry.seq) + 1)
+        entry.set_tokens(list(tokens[:n]), exact, stage.rotations(n))
+        entry.scope = previous.scope
+        entry.pinned = True
+        self.cache.touch(entry)
+        if _entry(previous) is not entry:
+            self.release(previous)
+        previous.entry = None  # type: ignore[attr-defined]
+        return SeqHandle(list(tokens), n, entry.exact, previous.scope, entry)
+
+    def abort(self, stage: Stage) -> None:
+        """Undo what cannot be kept: the sequence is cut back to ``keep`` (the handle says so)."""
+        for seq in (SCRATCH, COPY, *CANARY_SEQS):
+            self.ctx.seq_rm(seq)
+        if stage.owned:
+            self.cache.drop(stage.entry)
+            return
+        if stage.prepared:
+            self.cache.trim(stage.entry, stage.keep)
+            handle = stage.handle
+            handle.cached, handle.exact = stage.entry.cached, stage.entry.exact
+
+    def check(self, handle: Handle) -> None:
+        """Tests: the handle's sequence holds exactly positions ``[0, cached)``."""
+        entry = _entry(handle)
+        cached = entry.cached if entry is not None else 0
+        if entry is not None and self.ctx.pos_max(entry.seq) != cached - 1:
+            raise AssertionError(f"sequence {entry.seq} ends at {self.ctx.pos_max(entry.seq)}, expected {cached - 1}")
+        if handle.cached != cached:
+            raise AssertionError(f"handle says {handle.cached} cached tokens, the entry {cached}")

@@ -1,0 +1,342 @@
+"""Typed wrappers over llama-cpp-python's low-level C API (``llama_cpp``, pinned to 0.3.36).
+
+The high-level ``llama_cpp.Llama`` is not used: it silently ignores ``n_seq_max`` and
+``kv_unified``, which the engine needs (many sequences in one unified KV pool, so that
+``llama_memory_seq_cp`` can share cells between them). Everything here is the C API 1:1:
+
+* :class:`LlamaModel` — the weights, the vocabulary and the GGUF metadata;
+* :class:`LlamaContext` — one context: a unified KV pool of ``n_ctx`` cells shared by up to
+  ``n_seq_max`` sequences, one-ubatch ``decode`` calls, the sequence operations, the state API;
+* :func:`layer0_keys` — the layer-0 keys of a sequence-state blob (the canary reads them back);
+* :class:`TokenSampler` — llama.cpp's own sampler chain over a logits row (OpenAI semantics);
+* :func:`logprobs` — log-softmax of the raw logits (before temperature and penalties).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import llama_cpp as L
+import numpy as np
+
+from leyline_server.engines.base import SamplingParams, TokenLogprob
+
+__all__ = [
+    "KV_TYPES",
+    "ContextConfig",
+    "LlamaContext",
+    "LlamaModel",
+    "TokenSampler",
+    "init_backend",
+    "layer0_keys",
+    "logprobs",
+]
+
+KV_TYPES = {"float32": 0, "float16": 1, "bfloat16": 30}  # ggml_type ids of the KV cache
+_KV_DTYPES: dict[int, Any] = {0: np.float32, 1: np.float16, 30: np.uint16}
+STATE_MAGIC = 0xAF143CD8  # llama_state_seq_get_data's header (llama.cpp of llama-cpp-python 0.3.36)
+GREEDY_BELOW = 1e-4  # (near-)zero temperature is greedy, as on the embedded engine
+_TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # struct llama_token_data
+_ready = False
+
+
+@L.llama_log_callback  # type: ignore[untyped-decorator]
+def _quiet(level: int, text: bytes, user_data: Any) -> None:  # a module-level reference keeps it alive
+    return None
+
+
+def init_backend(quiet: bool = True) -> None:
+    """Initialise llama.cpp once per process (and silence its log on stderr)."""
+    global _ready
+    if not _ready:
+        L.llama_backend_init()
+        if quiet:
+            L.llama_log_set(_quiet, ctypes.c_void_p(0))
+        _ready = True
+
+
+class LlamaModel:
+    """A GGUF model loaded on the CPU: weights, vocabulary, metadata."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        init_backend()
+        params = L.llama_model_default_params()
+        params.n_gpu_layers = 0
+        self.path = str(path)
+        self.ptr = L.llama_model_load_from_file(self.path.encode(), params)
+        if not self.ptr:
+            raise ValueError(f"llama.cpp could not load {self.path!r} (not a GGUF model it supports)")
+        self.vocab = L.llama_model_get_vocab(self.ptr)
+        self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
+        self.n_layer = int(L.llama_model_n_layer(self.ptr))
+        self.n_ctx_train = int(L.llama_model_n_ctx_train(self.ptr))
+        arch = self.meta("general.architecture") or "llama"
+        n_embd, n_head = int(L.llama_model_n_embd(self.ptr)), int(L.llama_model_n_head(self.ptr))
+        head_k = int(self.meta(f"{arch}.attention.key_length") or n_embd // max(n_head, 1))
+        head_v = int(self.meta(f"{arch}.attention.value_length") or head_k)
+        self.kv_row = (head_k + head_v) * int(L.llama_model_n_head_kv(self.ptr))  # K+V elements per layer
+
+    def meta(self, key: str) -> str | None:
+        """A GGUF metadata value as a string (``None`` if absent)."""
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = L.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return None if n < 0 else buf.value.decode("utf-8", errors="replace")
+
+    def tokenize(self, text: str, parse_special: bool = True) -> list[int]:
+        """llama.cpp's own tokenization of ``text`` (no BOS added; control tokens parsed)."""
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (L.llama_token * cap)()
+        n = L.llama_tokenize(self.vocab, data, len(data), buf, cap, False, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (L.llama_token * cap)()
+            n = L.llama_tokenize(self.vocab, data, len(data), buf, cap, False, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token (control tokens rendered)."""
+        buf = ctypes.create_string_buffer(64)
+        n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
+        return buf.raw[:n]
+
+    def eos_tokens(self) -> tuple[int, ...]:
+        """The model's end-of-sequence token (and end-of-turn, when it has a different one)."""
+        ids = [int(L.llama_vocab_eos(self.vocab)), int(L.llama_vocab_eot(self.vocab))]
+        return tuple(dict.fromkeys(t for t in ids if 0 <= t < self.n_vocab))
+
+    def close(self) -> None:
+        """Free the weights."""
+        if self.ptr:
+            L.llama_model_free(self.ptr)
+            self.ptr = None
+
+
+@dataclass(frozen=True)
+class ContextConfig:
+    """How to build a context: cells, sequences, batch, threads, KV dtype, flash attention."""
+
+    n_ctx: int
+    n_seq_max: int = 256
+    n_batch: int = 512
+    n_threads: int = 1
+    n_threads_batch: int = 2
+    kv_type: str = "float16"
+    flash_attn: bool | None = None  # None: llama.cpp decides (on for the CPU)
+
+
+class LlamaContext:
+    """One llama.cpp context with a unified KV pool (every sequence shares ``n_ctx`` cells)."""
+
+    def __init__(self, model: LlamaModel, config: ContextConfig) -> None:
+        if not 1 <= config.n_seq_max <= L.llama_max_parallel_sequences():
+            raise ValueError(f"n_seq_max must lie in [1, {L.llama_max_parallel_sequences()}]")
+        params = L.llama_context_default_params()
+        params.n_ctx = config.n_ctx
+        params.n_batch = params.n_ubatch = config.n_batch
+        params.n_seq_max = config.n_seq_max
+        params.kv_unified = True  # seq_cp of a partial range across streams aborts the process otherwise
+        params.n_threads = config.n_threads
+        params.n_threads_batch = config.n_threads_batch
+        params.type_k = params.type_v = KV_TYPES[config.kv_type]
+        params.flash_attn_type = {None: -1, False: 0, True: 1}[config.flash_attn]
+        params.no_perf = True
+        self.model = model
+        self.config = config
+        self.ptr = L.llama_init_from_model(model.ptr, params)
+        if not self.ptr:
+            raise ValueError(f"llama.cpp could not create a context with {config}")
+        self.mem = L.llama_get_memory(self.ptr)
+        self.n_ctx = int(L.llama_n_ctx(self.ptr))
+        self.n_batch = config.n_batch
+        self._batch = L.llama_batch_init(config.n_batch, 0, 1)
+        n = config.n_batch
+        self._tokens = np.ctypeslib.as_array(self._batch.token, shape=(n,))
+        self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(n,))
+        self._n_seq = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(n,))
+        self._logits = np.ctypeslib.as_array(self._batch.logits, shape=(n,))
+        self._n_seq[:] = 1
+
+    @property
+    def can_shift(self) -> bool:
+        """Whether llama.cpp can shift positions of this model's cache (``llama_memory_can_shift``)."""
+        return bool(L.llama_memory_can_shift(self.mem))
+
+    def decode(self, entries: Sequence[tuple[int, int, int]], want_logits: bool) -> int:
+        """Decode ``(seq, token, pos)`` triples (at most ``n_batch``) in one call; llama.cpp's return code.
+
+        0: done; 1: no KV slot (the cache is unchanged); negative: a bad batch. Only the last
+        triple's logits are kept when ``want_logits``.
+        """
+        n = len(entries)
+        if not 0 < n <= self.n_batch:
+            raise ValueError(f"a batch holds 1..{self.n_batch} tokens, not {n}")
+        batch = self._batch
+        for i, (seq, token, pos) in enumerate(entries):
+            batch.seq_id[i][0] = seq
+            self._tokens[i] = token
+            self._pos[i] = pos
+        self._logits[:n] = 0
+        self._logits[n - 1] = 1 if want_logits else 0
+        batch.n_tokens = n
+        return int(L.llama_decode(self.ptr, batch))
+
+    def last_logits(self) -> np.ndarray:
+        """A float32 copy of the last decoded output row."""
+        row = L.llama_get_logits_ith(self.ptr, -1)
+        return np.ctypeslib.as_array(row, shape=(self.model.n_vocab,)).copy()
+
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
+        """Remove ``seq`` from the cells at positions ``[p0, p1)`` (cells no sequence holds are freed)."""
+        if not L.llama_memory_seq_rm(self.mem, seq, p0, p1):
+            raise RuntimeError(f"llama.cpp refused seq_rm({seq}, {p0}, {p1})")
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        """Make ``dst`` hold ``src``'s cells at ``[p0, p1)`` too (shared cells, nothing copied)."""
+        L.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        """Move ``seq``'s cells at ``[p0, p1)`` by ``delta`` (keys re-rotated at the next decode)."""
+        L.llama_memory_seq_add(self.mem, seq, p0, p1, delta)
+
+    def pos_max(self, seq: int) -> int:
+        """The highest position ``seq`` holds (-1 when empty)."""
+        return int(L.llama_memory_seq_pos_max(self.mem, seq))
+
+    def state_get(self, seq: int) -> bytes:
+        """``seq``'s cells serialised (positions, every layer's K and V)."""
+        n = L.llama_state_seq_get_size(self.ptr, seq)
+        buf = (ctypes.c_uint8 * n)()
+        written = L.llama_state_seq_get_data(self.ptr, buf, n, seq)
+        if written != n:
+            raise RuntimeError(f"llama_state_seq_get_data wrote {written} of {n} bytes")
+        return bytes(buf)
+
+    def state_set(self, blob: bytes, seq: int) -> bool:
+        """Restore ``blob`` into fresh cells of ``seq`` (emptied first); ``False`` if no room."""
+        buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
+        return bool(L.llama_state_seq_set_data(self.ptr, buf, len(blob), seq))
+
+    def close(self) -> None:
+        """Free the batch and the context."""
+        if self.ptr:
+            L.llama_batch_free(self._batch)
+            L.llama_free(self.ptr)
+            self.ptr = None
+
+
+def layer0_keys(blob: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """(positions, float32 layer-0 key rows) of a sequence-state blob, in cell order.
+
+    Parses the format of this llama.cpp version (plain KV cache, one stream); anything else —
+    another magic, several streams, cells shared in the blob, a quantised key type — raises
+    ``ValueError`` (the canary then reports itself unavailable).
+    """
+    off = 0
+
+    def read(fmt: str) -> Any:
+        nonlocal off
+        values = struct.unpack_from("<" + fmt, blob, off)
+        off += struct.calcsize("<" + fmt)
+        return values[0]
+
+    if read("I") != STATE_MAGIC:
+        raise ValueError("unknown llama.cpp state format")
+    read("i")  # the sequence id
+    if read("I") != 1:
+        raise ValueError("more than one KV stream")
+    cells = read("I")
+    pos = np.empty(cells, dtype=np.int64)
+    for i in range(cells):
+        pos[i] = read("i")
+        if read("I") != 1:
+            raise ValueError("a cell with several sequences in a sequence state")
+        read("i")
+    read("I")  # v_trans
+    read("I")  # n_layer
+    k_type, row_bytes = read("i"), read("Q")
+    if k_type not in _KV_DTYPES:
+        raise ValueError(f"key type {k_type} is not f32/f16/bf16")
+    rows = np.frombuffer(blob, dtype=np.uint8, count=cells * row_bytes, offset=off).view(_KV_DTYPES[k_type])
+    rows = rows.reshape(cells, -1)
+    if k_type == 30:  # bf16: the upper half of an f32
+        return pos, (rows.astype(np.uint32) << 16).view(np.float32)
+    return pos, rows.astype(np.float32)
+
+
+class TokenSampler:
+    """llama.cpp's sampler chain for one request, applied to logits rows the engine kept.
+
+    Order as on the embedded engine: logit_bias, presence/frequency penalties (over the tokens
+    generated so far: ``count * frequency + (count > 0) * presence``, as OpenAI defines them),
+    then greedy (temperature ~0) or temperature, top-p, and a seeded draw.
+    """
+
+    def __init__(self, params: SamplingParams, n_vocab: int) -> None:
+        self.chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+        if params.logit_bias:
+            bias = (L.llama_logit_bias * len(params.logit_bias))()
+            for i, (token, value) in enumerate(params.logit_bias.items()):
+                bias[i] = L.llama_logit_bias(token, value)
+            L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_logit_bias(n_vocab, len(bias), bias))
+        if params.presence_penalty or params.frequency_penalty:
+            window = max(params.max_tokens, 1)
+            penalties = L.llama_sampler_init_penalties(
+                n_vocab, window, 1.0, params.frequency_penalty, params.presence_penalty
+            )
+            L.llama_sampler_chain_add(self.chain, penalties)
+        if params.temperature < GREEDY_BELOW:
+            L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_greedy())
+        else:
+            L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_temp(params.temperature))
+            if params.top_p < 1.0:
+                L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_top_p(params.top_p, 1))
+            seed = L.LLAMA_DEFAULT_SEED if params.seed is None else params.seed % L.LLAMA_DEFAULT_SEED
+            L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_dist(seed))
+        self._data = np.zeros(n_vocab, dtype=_TOKEN_DATA)
+        self._ids = np.arange(n_vocab, dtype=np.int32)
+        self._array = L.llama_token_data_array()
+
+    def sample(self, logits: np.ndarray) -> int:
+        """Pick the next token from a float32 logits row and record it (penalties count it)."""
+        data = self._data
+        data["id"] = self._ids
+        data["logit"] = logits
+        data["p"] = 0.0
+        array = self._array
+        array.data = data.ctypes.data_as(L.llama_token_data_p)  # type: ignore[assignment]  # a pointer field
+        array.size = len(data)
+        array.selected = -1
+        array.sorted = False
+        L.llama_sampler_apply(self.chain, ctypes.byref(array))
+        if not 0 <= array.selected < array.size:
+            raise RuntimeError("llama.cpp's sampler selected nothing")
+        token = int(data["id"][array.selected])
+        L.llama_sampler_accept(self.chain, token)
+        return token
+
+    def close(self) -> None:
+        """Free the chain (and the samplers in it)."""
+        if self.chain:
+            L.llama_sampler_free(self.chain)
+            self.chain = None
+
+
+def logprobs(logits: np.ndarray, token: int, top: int) -> tuple[float, list[TokenLogprob]]:
+    """``token``'s log-probability under the raw logits, and the ``top`` most likely tokens."""
+    shifted = logits.astype(np.float64) - float(logits.max())
+    logp = shifted - np.log(np.exp(shifted).sum())
+    best: list[TokenLogprob] = []
+    if top:
+        idx = np.argpartition(-logp, top - 1)[:top]
+        idx = idx[np.argsort(-logp[idx], kind="stable")]
+        best = [TokenLogprob(int(i), float(logp[i])) for i in idx]
+    return float(logp[token]), best
