@@ -88,6 +88,15 @@ _ROPE_FAMILIES: dict[str, tuple[str, str, PairLayout | None, str]] = {
     "qwen2": ("qwen2", "Qwen2RotaryEmbedding", PairLayout.HALF_SPLIT, "gqa"),
     "qwen3": ("qwen3", "Qwen3RotaryEmbedding", PairLayout.HALF_SPLIT, "gqa"),
     "gpt_neox": ("gpt_neox", "GPTNeoXRotaryEmbedding", PairLayout.HALF_SPLIT, "gqa"),
+    "mixtral": ("mixtral", "MixtralRotaryEmbedding", PairLayout.HALF_SPLIT, "gqa"),
+    "qwen2_moe": ("qwen2_moe", "Qwen2MoeRotaryEmbedding", PairLayout.HALF_SPLIT, "gqa"),
+    "qwen3_moe": ("qwen3_moe", "Qwen3MoeRotaryEmbedding", PairLayout.HALF_SPLIT, "gqa"),
+    "olmo": ("olmo", "OlmoRotaryEmbedding", PairLayout.HALF_SPLIT, "gqa"),
+    "olmo2": ("olmo2", "Olmo2RotaryEmbedding", PairLayout.HALF_SPLIT, "gqa"),
+    "granite": ("granite", "GraniteRotaryEmbedding", PairLayout.HALF_SPLIT, "gqa"),
+    "phi3": ("phi3", "Phi3RotaryEmbedding", PairLayout.HALF_SPLIT, "gqa"),
+    "stablelm": ("stablelm", "StableLmRotaryEmbedding", PairLayout.HALF_SPLIT, "gqa"),
+    "gemma": ("gemma", "GemmaRotaryEmbedding", PairLayout.HALF_SPLIT, "gqa"),
 }
 _POSITION_FREE = {"bloom": "ALiBi", "mpt": "ALiBi"}
 _ABSOLUTE = {"gpt2", "opt", "gpt_bigcode", "bert", "roberta", "gpt_neo", "biogpt", "xglm"}

@@ -55,6 +55,21 @@ _FAMILY: dict[str, dict[str, Any]] = {
     "qwen2": {"num_key_value_heads": 2},
     "qwen3": {"num_key_value_heads": 2, "head_dim": 16},
     "gpt_neox": {"rotary_pct": 0.25},
+    "mixtral": {"num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None},
+    "qwen2_moe": {"num_key_value_heads": 2, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+    "qwen3_moe": {
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+    },
+    "olmo": {"num_key_value_heads": 2},
+    "olmo2": {"num_key_value_heads": 2},
+    "granite": {"num_key_value_heads": 2},
+    "phi3": {"num_key_value_heads": 2, "partial_rotary_factor": 0.5, "pad_token_id": 0, "eos_token_id": 2},
+    "stablelm": {"num_key_value_heads": 2, "partial_rotary_factor": 0.25},
+    "gemma": {"num_key_value_heads": 2, "head_dim": 32},
 }
 
 

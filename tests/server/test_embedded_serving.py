@@ -64,3 +64,17 @@ def test_full_pool_raises_capacity_not_a_crash():
         prefill(eng, list(range(10, 10 + eng.pool.capacity + 5)))
     eng.check_integrity()
     prefill(eng, [10, 11, 12])  # still serving
+
+
+def test_sliding_window_models_are_refused_at_load_with_a_reason(tmp_path):
+    from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
+    from leyline_server.engines.embedded.loading import ModelLoadError
+    from leyline_server.engines.embedded.presets import load_engine
+    from leyline_server.tiny_models import build_model, tiny_config
+
+    build_model(tiny_config("mistral", layers=1, sliding_window=64)).save_pretrained(tmp_path)
+    load_tiny_tokenizer().save_pretrained(tmp_path)
+    with pytest.raises(ModelLoadError, match="sliding-window attention .window 64. is not supported"):
+        load_engine(str(tmp_path), kv_budget_mb=1)
+    with pytest.raises(ModelLoadError, match="neither a preset"):
+        load_engine(str(tmp_path / "nothing-here"))

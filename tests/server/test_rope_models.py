@@ -28,6 +28,15 @@ CASES = {
     "qwen2": ("qwen2", None, {}),
     "qwen3": ("qwen3", None, {}),
     "gpt_neox-partial": ("gpt_neox", None, {}),
+    "mixtral": ("mixtral", None, {}),
+    "qwen2_moe": ("qwen2_moe", None, {}),
+    "qwen3_moe": ("qwen3_moe", None, {}),
+    "olmo": ("olmo", None, {}),
+    "olmo2": ("olmo2", None, {}),
+    "granite": ("granite", LINEAR, {}),
+    "phi3-partial": ("phi3", None, {}),
+    "stablelm-partial": ("stablelm", None, {}),
+    "gemma": ("gemma", None, {}),
 }
 
 
@@ -76,7 +85,9 @@ def test_layer0_key_rotated_equals_model_key(name):
     assert spec.rotary_dim > 0
 
 
-@pytest.mark.parametrize("name", ["deepseek_v2-yarn", "deepseek_v3-interleave-yarn", "llama-llama3", "qwen3"])
+@pytest.mark.parametrize(
+    "name", ["deepseek_v2-yarn", "deepseek_v3-interleave-yarn", "llama-llama3", "qwen3", "phi3-partial", "olmo2"]
+)
 def test_uniform_shift_matches_every_layer(name):
     old = torch.arange(40, 60)
     pool, expected, _ = shifted_matches(name, 3, old, old + 1234)

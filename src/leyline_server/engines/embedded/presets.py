@@ -1,19 +1,19 @@
-"""Model presets (no download) and loading of local checkpoints into an :class:`EmbeddedEngine`.
+"""Model presets and :func:`load_engine`: a model (see ``loading``) in an :class:`EmbeddedEngine`.
 
-Presets are tiny random models built from configs with fixed seeds, paired with the project's
+Tiny presets are random models built from configs with fixed seeds, paired with the project's
 tokenizer: ``tiny-mla`` (DeepSeek-V2 style MLA), ``tiny-mla-v3`` (DeepSeek-V3 style,
-``rope_interleave=True``, YaRN) and ``tiny-gqa`` (Llama style GQA). Anything else is a path to a
-local folder with ``config.json``, safetensors weights and a tokenizer.
+``rope_interleave=True``, YaRN) and ``tiny-gqa`` (Llama style GQA). ``smollm2-135m`` is the real
+SmolLM2-135M-Instruct; a ``.gguf`` file or a checkpoint folder is loaded as it is.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from leyline_server.engines.embedded.engine import EmbeddedEngine
+from leyline_server.engines.embedded.loading import check_servable, load_folder, load_gguf, resolve_model_path
 from leyline_server.engines.embedded.pool import SlotPool, layout_from_config
 from leyline_server.rope import rope_spec_from_config
 from leyline_server.tiny_models import YARN, build_model, tiny_config
@@ -46,20 +46,20 @@ def load_engine(
     prefix_cache: bool = True,
     **overrides: Any,
 ) -> tuple[EmbeddedEngine, Any]:
-    """An engine and its tokenizer for a preset name or a local checkpoint folder."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """An engine and its tokenizer for a tiny preset, ``smollm2-135m``, a ``.gguf`` file or a folder.
 
+    Raises :class:`~leyline_server.engines.embedded.loading.ModelLoadError` (a ``ValueError``)
+    with what to do when the model cannot be found or served.
+    """
     from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
 
     if model in PRESETS:
         net = build_model(preset_config(model, layers=layers, **overrides), seed=seed, dtype=dtype)
         tokenizer = load_tiny_tokenizer()
     else:
-        path = Path(model)
-        if not (path / "config.json").is_file():
-            raise ValueError(f"{model!r} is neither a preset ({sorted(PRESETS)}) nor a checkpoint folder")
-        net = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        path = resolve_model_path(model)
+        net, tokenizer = load_gguf(path, dtype) if path.suffix == ".gguf" else load_folder(path, dtype)
+    check_servable(net.config)
     layout = layout_from_config(net.config)
     pool = SlotPool.from_budget(layout, kv_budget_mb, dtype=dtype)
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
