@@ -35,8 +35,7 @@ def tiny_gguf(layers: int, folder: str) -> Path:
 
 def engine(path: Path, n_ctx: int = 4096, kv_type: str = "float32", **kw) -> LlamaCppEngine:
     """An engine on ``path``: float32 cache and no flash attention by default (the exact setting)."""
-    flash = kw.pop("flash_attn", False if kv_type == "float32" else None)
-    return LlamaCppEngine(LlamaModel(path), n_ctx=n_ctx, kv_type=kv_type, flash_attn=flash, threads=(1, 2), **kw)
+    return LlamaCppEngine(LlamaModel(path), n_ctx=n_ctx, kv_type=kv_type, threads=(1, 2), **kw)
 
 
 def prefill(eng: LlamaCppEngine, tokens, previous=None, scope: CacheScope = SCOPE):

@@ -82,7 +82,7 @@ class LlamaCppEngine:
         model: LlamaModel,
         n_ctx: int,
         kv_type: str = "float16",
-        flash_attn: bool | None = None,
+        flash_attn: bool | None = False,
         n_seq_max: int = 256,
         threads: tuple[int, int] | None = None,
         eos_token_ids: Sequence[int] | None = None,
