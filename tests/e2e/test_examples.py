@@ -29,11 +29,16 @@ def test_walkthrough_runs_and_verifies():
 
 
 def test_demo_compares_leyline_with_plain_re_prefill():
-    out = run("demo.py", "--turns", "7", "--layers", "2")
+    from leyline_server.models import find_smollm2_gguf
+
+    model = ["--model", "smollm2-135m"] if find_smollm2_gguf() is not None else ["--model", "tiny-mla"]
+    out = run("demo.py", *model, "--engine", "embedded", timeout=600)
     assert out.returncode == 0, out.stderr
-    assert "[##############################] 7/7" in out.stderr  # progress shown
+    assert "[##############################] 6/6" in out.stderr  # progress shown
+    assert "on the embedded engine" in out.stdout  # says which engine it used
     rows = [line for line in out.stdout.splitlines() if re.match(r"^\s+\d+ \|", line)]
-    assert len(rows) == 7
+    assert len(rows) == 6
+    assert "Leyline answers:" in out.stdout and "plain answers:" in out.stdout  # the model's answers shown
     m = re.search(r"prefilled tokens: Leyline ([\d,]+) vs plain ([\d,]+)", out.stdout)
     assert m and int(m[1].replace(",", "")) < int(m[2].replace(",", ""))
     assert "rotated instead of recomputed" in out.stdout
