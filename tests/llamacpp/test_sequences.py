@@ -84,6 +84,9 @@ def test_the_previous_sequence_is_taken_over(tiny1):
         assert a.entry.seq == seq
     assert len(eng.cache.entries) == 1
     eng.check(a)
+    a, report = run_splice(eng, a, [Directive(start=10, end=20, replacement=[3], mode="forget")])
+    assert report.applied and a.entry.seq == seq and len(eng.cache.entries) == 1  # the old branch is reused
+    eng.check(a)
 
 
 def test_sequences_run_out_then_idle_ones_are_evicted(tiny1):
@@ -95,6 +98,9 @@ def test_sequences_run_out_then_idle_ones_are_evicted(tiny1):
     fourth = prefill(eng, [99] + BASE[:50], scope=B)[0]  # the idle one made room
     assert handles[0].entry is None and fourth.entry.seq not in (h.entry.seq for h in handles[1:])
     assert len(eng.cache.entries) == 3
+    for handle in (*handles[1:], fourth):
+        eng.release(handle)
+    assert eng.drop_idle() == 3 and not eng.cache.entries
 
 
 def test_cells_run_out_then_idle_ones_are_evicted(tiny1):

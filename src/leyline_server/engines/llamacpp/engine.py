@@ -63,6 +63,11 @@ def _entry(handle: Handle) -> Entry | None:
     return handle.entry
 
 
+def _own(entry: Entry, scope: CacheScope) -> bool:
+    """Whether ``entry`` was cached by the session ``scope`` belongs to."""
+    return scope.private is not None and entry.scope == scope
+
+
 def _threads() -> tuple[int, int]:
     """(decode threads, prompt threads): one decode thread per two cores, every core for prompts."""
     cores = os.cpu_count() or 2
@@ -121,6 +126,17 @@ class LlamaCppEngine:
         """What the service needs to know about the model."""
         return self._info
 
+    def drop_idle(self) -> int:
+        """Evict every unpinned entry; how many went.
+
+        llama.cpp's unified pool attends over every used cell at each decode (whatever the
+        sequence), so idle cached sessions slow everyone down; benchmarks start from a clean pool.
+        """
+        dropped = 0
+        while self.cache.evict_one():
+            dropped += 1
+        return dropped
+
     def close(self) -> None:
         """Free the context and the model."""
         self.ctx.close()
@@ -133,8 +149,10 @@ class LlamaCppEngine:
         limit = tokens[:-1] if self.prefix_cache else []
         best, n = cache.best_match(limit, scope, prefer=previous)
         exact = min(n, best.exact) if best is not None else 0
-        if best is not None and (best is previous or (not best.pinned and n == best.cached)):
-            cache.trim(best, n)  # take the sequence over: the caller's own, or a cache entry used whole
+        if best is not None and (best is previous or (not best.pinned and (n == best.cached or _own(best, scope)))):
+            # take the sequence over: the caller's own, a cache entry used whole, or an old branch of
+            # the same session (its tail would only widen every decode's attention window)
+            cache.trim(best, n)
             best.pinned = True
             return best, n, exact, False
         if previous is not None and best is None:
