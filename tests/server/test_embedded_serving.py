@@ -66,15 +66,32 @@ def test_full_pool_raises_capacity_not_a_crash():
     prefill(eng, [10, 11, 12])  # still serving
 
 
-def test_sliding_window_models_are_refused_at_load_with_a_reason(tmp_path):
+def test_a_sliding_window_model_is_served_exactly_past_its_window(tmp_path):
     from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
-    from leyline_server.engines.embedded.loading import ModelLoadError
     from leyline_server.engines.embedded.presets import load_engine
     from leyline_server.tiny_models import build_model, tiny_config
 
-    build_model(tiny_config("mistral", layers=1, sliding_window=64)).save_pretrained(tmp_path)
+    model = build_model(tiny_config("mistral", layers=2, sliding_window=16), seed=2)
+    model.save_pretrained(tmp_path)
     load_tiny_tokenizer().save_pretrained(tmp_path)
-    with pytest.raises(ModelLoadError, match="sliding-window attention .window 64. is not supported"):
-        load_engine(str(tmp_path), kv_budget_mb=1)
+    eng, _ = load_engine(str(tmp_path), kv_budget_mb=2)
+    prompt = [(31 * i + 7) % 900 + 20 for i in range(40)]  # longer than the window
+    pinned, logits, _ = prefill(eng, prompt[:25])
+    pinned, logits, _ = prefill(eng, prompt, previous=pinned)  # a second turn, past the window
+    ours = [s.token for s in eng.decode(pinned, logits, SamplingParams(max_tokens=20))]
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, eos_token_id=None)
+    assert ours == out[0, len(prompt) :].tolist()
+    eng.check_integrity()
+
+
+def test_models_the_pool_cannot_serve_are_refused_at_load_with_a_reason():
+    from leyline_server.engines.embedded.loading import ModelLoadError, check_servable, resolve_model_path
+    from leyline_server.tiny_models import tiny_config
+
+    config = tiny_config("llama", layers=2)
+    config.layer_types, config.attention_chunk_size = ["chunked_attention", "full_attention"], 8
+    with pytest.raises(ModelLoadError, match="chunked_attention"):
+        check_servable(config)
     with pytest.raises(ModelLoadError, match="neither a preset"):
-        load_engine(str(tmp_path / "nothing-here"))
+        resolve_model_path("/nothing/here")

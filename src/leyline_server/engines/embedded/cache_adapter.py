@@ -5,71 +5,136 @@ DeepSeek MLA caches the normalized latent as "keys" ``[B, 1, T, kv_lora_rank]`` 
 post-RoPE k_pe as "values" ``[B, 1, T, qk_rope_head_dim]``; our pool row is ``[latent | k_pe]``.
 GQA caches post-RoPE K and V per kv head. The forward keyword is ``cache=`` (``past_key_values=``
 is deprecated and goes away in 5.40).
+
+A forward runs over a :class:`PoolMirrorCache`: one layer object per model layer that appends the
+new states to a :class:`~leyline_server.engines.embedded.mirror.Mirror` (contiguous, no gather)
+and writes them through to the pool's rows. The layers are full-attention caches; for a model
+with sliding-window layers, transformers builds the sliding mask from the config's layer types,
+so full KV plus that mask gives the model's own logits (tested past the window).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
 
+from leyline_server.engines.embedded.mirror import MirrorStore
 from leyline_server.engines.embedded.pool import SlotPool
 
-__all__ = ["forward_with_slots", "layer0_keys"]
+__all__ = ["forward_with_slots", "layer0_keys", "check_layer_types", "SERVABLE_LAYER_TYPES"]
+
+SERVABLE_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
 
 
-def _build_cache(model: Any, pool: SlotPool, context: torch.Tensor) -> Any:
-    from transformers import DynamicCache
+class _MirrorLayer(CacheLayerMixin):
+    """One layer's cache over a mirror: appends at ``start``, writes new rows through to the pool."""
 
-    cache = DynamicCache(config=model.config)
-    if context.numel() == 0:
-        return cache
-    latent = pool.layout.mla_latent
-    for layer in range(pool.layout.layers):
-        rows = pool.keys[layer].index_select(0, context)  # [T, H, D]
-        if latent:
-            k = rows[..., :latent].permute(1, 0, 2)[None]
-            v = rows[..., latent:].permute(1, 0, 2)[None]
+    is_sliding = False
+    is_croppable = False
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, layer: int, start: int, pool: SlotPool,
+                 slots: torch.Tensor) -> None:  # fmt: skip
+        super().__init__()
+        self.kbuf, self.vbuf, self.layer, self.pool, self.slots = keys, values, layer, pool, slots
+        self.length = start
+        self.keys = keys[None, :, :start]
+        self.values = values[None, :, :start]
+        self.is_initialized = True
+        self.device = keys.device
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Nothing to do: the mirror is allocated before the forward."""
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``[1, H, t, D]`` states; write them to the pool; return views of the whole sequence."""
+        if key_states.shape[0] != 1:
+            raise ValueError("PoolMirrorCache serves batch size 1")
+        a, b = self.length, self.length + key_states.shape[-2]
+        self.kbuf[:, a:b].copy_(key_states[0])
+        self.vbuf[:, a:b].copy_(value_states[0])
+        k_rows, v_rows = key_states[0].transpose(0, 1), value_states[0].transpose(0, 1)  # [t, H, D]
+        pool = self.pool
+        if pool.layout.mla_latent:
+            pool.keys[self.layer].index_copy_(0, self.slots, torch.cat([k_rows, v_rows], dim=-1).to(pool.dtype))
         else:
             assert pool.values is not None
-            k = rows.permute(1, 0, 2)[None]
-            v = pool.values[layer].index_select(0, context).permute(1, 0, 2)[None]
-        cache.update(k.contiguous(), v.contiguous(), layer)
-    return cache
+            pool.keys[self.layer].index_copy_(0, self.slots, k_rows.to(pool.dtype))
+            pool.values[self.layer].index_copy_(0, self.slots, v_rows.to(pool.dtype))
+        self.length = b
+        self.keys, self.values = self.kbuf[None, :, :b], self.vbuf[None, :, :b]
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """(kv length, kv offset) for the mask: the whole sequence, from 0."""
+        return self.length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        """Tokens already cached in this layer."""
+        return self.length
+
+    def get_max_length(self) -> int:
+        """No fixed maximum (the mirror grows)."""
+        return -1
 
 
-def _store_new(pool: SlotPool, cache: Any, slots: torch.Tensor) -> None:
-    n = slots.numel()
-    latent = pool.layout.mla_latent
-    layers: list[Any] = list(cache.layers)
-    for layer, entry in enumerate(layers):
-        k = entry.keys[0, :, -n:].permute(1, 0, 2)  # [n, H, D]
-        v = entry.values[0, :, -n:].permute(1, 0, 2)
-        if latent:
-            pool.keys[layer].index_copy_(0, slots, torch.cat([k, v], dim=-1).to(pool.dtype))
-        else:
-            assert pool.values is not None
-            pool.keys[layer].index_copy_(0, slots, k.to(pool.dtype))
-            pool.values[layer].index_copy_(0, slots, v.to(pool.dtype))
+class PoolMirrorCache(Cache):
+    """A transformers :class:`Cache` for one forward: every layer appends to a mirror at ``start``."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, pool: SlotPool, start: int, slots: torch.Tensor):
+        slots = slots.to(torch.int64).to(pool.keys.device)
+        layers: list[Any] = [_MirrorLayer(keys[i], values[i], i, start, pool, slots) for i in range(pool.layout.layers)]
+        super().__init__(layers=layers)
+
+
+def check_layer_types(config: Any) -> list[str]:
+    """The config's cache layer types; ``ValueError`` naming any a slot pool cannot serve.
+
+    Full and sliding-window attention are served (sliding with full KV: the mask does the
+    windowing). Chunked attention, linear attention / state-space layers and KV-sharing layers are
+    refused.
+    """
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    types, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+    bad = sorted({str(t) for t in types if t not in SERVABLE_LAYER_TYPES})
+    if bad:
+        raise ValueError(
+            f"{getattr(config, 'model_type', '?')}: cache layers {bad} cannot be served from a slot pool "
+            f"(the embedded engine serves {sorted(SERVABLE_LAYER_TYPES)})"
+        )
+    return [str(t) for t in types]
 
 
 @torch.no_grad()
 def forward_with_slots(
     model: Any,
     pool: SlotPool,
+    mirrors: MirrorStore,
     context: torch.Tensor,
-    tokens: list[int],
+    tokens: Sequence[int],
     positions: torch.Tensor,
     slots: torch.Tensor,
 ) -> torch.Tensor:
     """Run ``tokens`` at ``positions`` attending to ``context`` slots; store their KV in ``slots``.
 
-    Returns the logits of every new token, ``[len(tokens), vocab]`` (fp32).
+    Returns the logits of the last new token, ``[1, vocab]`` fp32 (the engine never needs the
+    others: computing them all costs 15-20 % of a long prefill).
     """
-    cache = _build_cache(model, pool, context)
-    ids = torch.tensor([tokens], dtype=torch.long, device=pool.keys.device)
-    out = model(input_ids=ids, position_ids=positions[None].to(ids.device), cache=cache, use_cache=True)
-    _store_new(pool, out.cache, slots)
+    if len(tokens) != slots.numel() or len(tokens) != positions.numel():
+        raise ValueError("tokens, positions and slots must have the same length")
+    mirror = mirrors.acquire(context, len(tokens))
+    start = mirror.length
+    cache = PoolMirrorCache(mirror.keys, mirror.values, pool, start, slots)
+    ids = torch.tensor([list(tokens)], dtype=torch.long, device=pool.keys.device)
+    out = model(
+        input_ids=ids, position_ids=positions[None].to(ids.device), cache=cache, use_cache=True, logits_to_keep=1
+    )
+    mirror.commit(slots, pool.generation, start)  # only now does the mirror own the new rows
     return out.logits[0].float()
 
 

@@ -29,7 +29,8 @@ from leyline_server.engines.base import (
     Prefilled,
     SamplingParams,
 )
-from leyline_server.engines.embedded.cache_adapter import forward_with_slots, layer0_keys
+from leyline_server.engines.embedded.cache_adapter import check_layer_types, forward_with_slots, layer0_keys
+from leyline_server.engines.embedded.mirror import MirrorStore
 from leyline_server.engines.embedded.pool import SlotPool
 from leyline_server.engines.embedded.radix import Node, RadixCache
 from leyline_server.engines.embedded.sampling import Sampler
@@ -99,6 +100,8 @@ class EmbeddedEngine:
         self.in_flight: set[int] = set()
         self.rotation_budget = rotation_budget
         self.prefix_cache = prefix_cache
+        check_layer_types(model.config)
+        self.mirrors = MirrorStore(pool, max_mirrors=8)
         positions = int(getattr(model.config, "max_position_embeddings", 32_768) or 32_768)
         self._info = ModelInfo(
             name=name,
@@ -135,10 +138,10 @@ class EmbeddedEngine:
     def extend(
         self, context: torch.Tensor, tokens: Sequence[int], positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """KV for ``tokens`` at ``positions`` after ``context``: (new slots, logits per token)."""
+        """KV for ``tokens`` at ``positions`` after ``context``: (new slots, the last token's logits ``[1, V]``)."""
         slots = self.alloc(len(tokens))
         try:
-            logits = forward_with_slots(self.model, self.pool, context, list(tokens), positions, slots)
+            logits = forward_with_slots(self.model, self.pool, self.mirrors, context, list(tokens), positions, slots)
         except BaseException:
             self.free(slots)
             raise

@@ -10,8 +10,8 @@
 * ``path/to/folder`` — a checkpoint folder with ``config.json``, weights and a tokenizer.
 
 Models the engine cannot serve faithfully are refused here, at load, with a message that says
-why: sliding-window attention (transformers' sliding layers keep only the last window, the
-slot pool keeps everything).
+why (chunked or linear attention, state-space layers). Sliding-window attention is served: the
+pool keeps every token and the model's own mask does the windowing.
 """
 
 from __future__ import annotations
@@ -87,12 +87,9 @@ def load_folder(path: Path, dtype: torch.dtype = torch.float32) -> tuple[Any, An
 
 def check_servable(config: Any) -> None:
     """Refuse, at load, what the engine would serve wrongly (never a 500 or a wrong answer later)."""
-    window = getattr(config, "sliding_window", None)
-    layer_types = list(getattr(config, "layer_types", None) or [])
-    sliding = [t for t in layer_types if "sliding" in str(t)]
-    if window and (sliding or not layer_types) and getattr(config, "use_sliding_window", True):
-        raise ModelLoadError(
-            f"{config.model_type}: sliding-window attention (window {window}) is not supported by the embedded "
-            "engine: its slot pool keeps every token while the model attends to the last window only. "
-            "Serve this model with --engine llamacpp (GGUF) instead, or a model without sliding windows."
-        )
+    from leyline_server.engines.embedded.cache_adapter import check_layer_types
+
+    try:
+        check_layer_types(config)
+    except ValueError as exc:
+        raise ModelLoadError(f"{exc}; try --engine llamacpp for a GGUF of this model") from exc

@@ -6,6 +6,7 @@
                            GQA: H = kv heads, D = head_dim                   rows = post-RoPE K
     values [L, S, Hv, Dv]  GQA only (MLA rebuilds V from the latent)
     rotations [S]          how often each slot's key was δ-rotated (drift budget)
+    generation [S]         a stamp renewed whenever a slot's rows may change (mirrors check it)
 
 A slot is free or owned (by one radix node, or transiently by a request that allocated it).
 ``alloc`` returns ``None`` when the pool is full, never raises: callers turn that into the
@@ -78,6 +79,8 @@ class SlotPool:
             else None
         )
         self.rotations = torch.zeros(capacity, dtype=torch.int32)
+        self.generation = torch.zeros(capacity, dtype=torch.int64)  # renewed whenever a slot may change
+        self._clock = 0
         self._free: list[int] = list(range(capacity - 1, -1, -1))  # pop() hands out low slots first
 
     @classmethod
@@ -106,7 +109,17 @@ class SlotPool:
         taken = [self._free.pop() for _ in range(n)]
         slots = torch.tensor(taken, dtype=torch.int64)
         self.rotations[slots] = 0
+        self.touch(slots)
         return slots
+
+    def touch(self, slots: torch.Tensor) -> None:
+        """Mark the rows of ``slots`` as changed (copies of them elsewhere become stale).
+
+        ``alloc`` does it for every slot it hands out; every writer in the engine writes only
+        freshly allocated slots, so a row can only change after a new stamp.
+        """
+        self._clock += 1
+        self.generation[slots.to(torch.int64).cpu()] = self._clock
 
     def free(self, slots: torch.Tensor) -> None:
         """Return ``slots`` to the free list."""
