@@ -19,12 +19,15 @@ import argparse
 import time
 
 from leyline_sdk.directives import Directive, apply
-from leyline_server.engines.embedded.engine import Engine
+from leyline_server.engines.base import CacheScope, SpliceRequest
+from leyline_server.engines.embedded.engine import EmbeddedEngine
 from leyline_server.engines.embedded.pool import SlotPool, layout_from_config
 from leyline_server.engines.embedded.presets import preset_config
 from leyline_server.rope import rope_spec_from_config
 from leyline_server.splice import splice
 from leyline_server.tiny_models import build_model
+
+SESSION = CacheScope(private="bench")
 
 SCALE = dict(
     hidden_size=512,
@@ -38,9 +41,10 @@ SCALE = dict(
 )
 
 
-def make_engine(model, kv_budget_mb: float) -> Engine:
+def make_engine(model, kv_budget_mb: float) -> EmbeddedEngine:
+    """A fresh engine (an empty pool) over ``model``."""
     pool = SlotPool.from_budget(layout_from_config(model.config), kv_budget_mb)
-    return Engine(model, pool, rope_spec_from_config(model.config))
+    return EmbeddedEngine(model, pool, rope_spec_from_config(model.config))
 
 
 def main() -> None:
@@ -68,18 +72,18 @@ def main() -> None:
         report = None
         for mode in ("amortize", "forget"):
             eng = make_engine(model, kv_budget_mb=4 * len(base) * 1 * (576 * 4) * args.layers / 2**20 + 64)
-            pinned, _, _ = eng.prefill(base)
+            pinned = eng.prefill(base, SESSION).handle
             directive = [Directive(start=256, end=256 + args.span, replacement=stub, mode=mode)]
             new = apply(base, directive)
             t0 = time.perf_counter()
-            pinned, rep = splice(eng, pinned, directive)
-            eng.prefill(new + turn, previous=pinned)
+            pinned, rep = splice(eng, pinned, SpliceRequest(directive))
+            eng.prefill(new + turn, SESSION, previous=pinned)
             times[mode] = time.perf_counter() - t0
             report = rep if mode == "amortize" else report
             assert rep.applied, rep
         eng = make_engine(model, kv_budget_mb=2 * len(base) * (576 * 4) * args.layers / 2**20 + 64)
         t0 = time.perf_counter()
-        eng.prefill(new + turn)
+        eng.prefill(new + turn, SESSION)
         times["cold"] = time.perf_counter() - t0
         print(
             f"{d:10d} {times['amortize']:9.2f} {times['forget']:9.2f} {times['cold']:10.2f} "
