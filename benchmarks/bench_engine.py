@@ -60,10 +60,8 @@ def main() -> None:
     model = build_model(config, seed=0)
     params = sum(p.numel() for p in model.parameters())
     print(f"tiny-mla scaled: {params / 1e6:.1f}M parameters, {args.layers} layers, fp32, CPU")
-    print(
-        f"{'downstream':>10s} {'splice s':>9s} {'forget s':>9s} {'no-cache s':>10s} "
-        f"{'forget/splice':>13s}  splice report"
-    )
+    print("\n| downstream | splice | forget | no cache | forget / splice | rotated | prefilled | splice alone |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for d in args.downstream:
         base = [(31 * i + 7) % 1000 + 7 for i in range(256 + args.span + d)]
         turn = [(13 * i + 5) % 1000 + 7 for i in range(32)]
@@ -86,9 +84,9 @@ def main() -> None:
         eng.prefill(new + turn, SESSION)
         times["cold"] = time.perf_counter() - t0
         print(
-            f"{d:10d} {times['amortize']:9.2f} {times['forget']:9.2f} {times['cold']:10.2f} "
-            f"{times['forget'] / times['amortize']:12.1f}x  rotated={report.rotated_tokens} "
-            f"prefilled={report.prefilled_tokens} splice_ms={report.splice_ms:.0f}",
+            f"| {d:,} | {times['amortize']:.2f} s | {times['forget']:.2f} s | {times['cold']:.2f} s | "
+            f"{times['forget'] / times['amortize']:.1f}x | {report.rotated_tokens:,} | {report.prefilled_tokens:,} | "
+            f"{report.splice_ms:.0f} ms |",
             flush=True,
         )
 

