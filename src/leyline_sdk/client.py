@@ -74,8 +74,9 @@ class _Chat:
 class AsyncLeyline:
     """Async client; see the module docstring.
 
-    ``seam_repair=k`` (default 0) asks the server to recompute the first ``k`` tokens after every
-    ``amortize`` replacement its sessions send (the seam), and a placed block's first ``k``.
+    ``seam_repair=k`` (default 4, chosen by ``benchmarks/bench_notes.py``) asks the server to
+    recompute the first ``k`` tokens after every ``amortize`` replacement its sessions send (the
+    seam), and a placed block's first ``k``.
     ``client.blocks`` creates, reuses and deletes precompiled KV blocks (``leyline_sdk.blocks``).
     """
 
@@ -90,7 +91,7 @@ class AsyncLeyline:
         timeout: float = 600.0,
         http_client: httpx.AsyncClient | None = None,
         max_sessions: int = 256,
-        seam_repair: int = 0,
+        seam_repair: int = 4,
     ) -> None:
         if max_sessions < 1:
             raise ValueError("max_sessions must be >= 1")

@@ -66,7 +66,7 @@ class LeylineSession:
         strict: bool = False,
         tools: Sequence[Mapping[str, Any]] | None = None,
         on_use: Callable[[LeylineSession], None] | None = None,
-        seam_repair: int = 0,
+        seam_repair: int = 4,
         blocks: Blocks | None = None,
     ) -> None:
         if isinstance(seam_repair, bool) or not isinstance(seam_repair, int) or seam_repair < 0:

@@ -222,6 +222,8 @@ def test_no_template_behaviour_yields_a_directive_that_misses_the_render(
             edited[index]["content"] = content
             if edited[index] != before[index]:
                 changed[index] = (mode, Source.POLICY)
+            else:  # a later edit restored the message: nothing changed there
+                changed.pop(index, None)
     new = chat.render(edited + [answer] + after, tools=TOOLS)
     mid = chat.render(before + [answer] + after, tools=TOOLS).tokens
     ex = explain_turn(base, old, new, len(before), changed, lambda: mid, decoder_of(chat))
