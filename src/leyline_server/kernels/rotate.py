@@ -16,52 +16,17 @@ overlap between the two slot sets is refused (it would read rows already written
 
 from __future__ import annotations
 
-import os
 from typing import Literal
 
 import torch
 
-from leyline_server.rope import PairLayout, RopeSpec
+from leyline_server.kernels.phases import CHUNK, rotate_slice_, shift_cos_sin, triton_usable
+from leyline_server.rope import RopeSpec
 
-__all__ = ["rotate_copy", "rotate_copy_torch", "shift_cos_sin", "Backend"]
+__all__ = ["rotate_copy", "rotate_copy_torch", "shift_cos_sin", "validate_pool", "Backend"]
 
 Backend = Literal["auto", "torch", "triton"]
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def shift_cos_sin(old_pos: torch.Tensor, new_pos: torch.Tensor, spec: RopeSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of each token's per-pair shift angle, ``[N, rotary_dim // 2]`` fp32.
-
-    Phases are formed exactly as the model forms them (fp32 position times fp32 inverse
-    frequency, rounded to fp32); their difference is taken in fp64, where it is exact.
-    """
-    inv_freq = spec.inv_freq_tensor(old_pos.device)
-    phase_new = new_pos.to(torch.float32)[:, None] * inv_freq[None, :]
-    phase_old = old_pos.to(torch.float32)[:, None] * inv_freq[None, :]
-    angle = phase_new.to(torch.float64) - phase_old.to(torch.float64)
-    return torch.cos(angle).to(torch.float32), torch.sin(angle).to(torch.float32)
-
-
-_CHUNK = 512  # tokens per step: keeps each step's fp32 temporaries cache-sized
-
-
-def _rotate_slice_(x: torch.Tensor, lo: int, hi: int, cos: torch.Tensor, sin: torch.Tensor, layout: PairLayout) -> None:
-    """Rotate ``x[..., lo:hi]`` in place (math in fp32): ``x [N, H, D]``, ``cos/sin [N, W/2]``."""
-    xf = x[..., lo:hi].to(torch.float32)
-    c, s = cos[:, None, :], sin[:, None, :]
-    if layout is PairLayout.INTERLEAVED:
-        x1, x2 = xf[..., 0::2], xf[..., 1::2]
-    else:
-        half = (hi - lo) // 2
-        x1, x2 = xf[..., :half], xf[..., half:]
-    y1 = (x1 * c).addcmul_(x2, s, value=-1.0)
-    y2 = (x2 * c).addcmul_(x1, s)
-    if layout is PairLayout.INTERLEAVED:
-        x[..., lo:hi][..., 0::2] = y1
-        x[..., lo:hi][..., 1::2] = y2
-    else:
-        x[..., lo : lo + half] = y1
-        x[..., lo + half : hi] = y2
 
 
 def rotate_copy_torch(
@@ -85,17 +50,17 @@ def rotate_copy_torch(
     n = src_slots.numel()
     for layer in range(keys.shape[0]):
         pool = keys[layer]
-        for a in range(0, n, _CHUNK):
-            src, dst = src_slots[a : a + _CHUNK], dst_slots[a : a + _CHUNK]
+        for a in range(0, n, CHUNK):
+            src, dst = src_slots[a : a + CHUNK], dst_slots[a : a + CHUNK]
             rows = pool.index_select(0, src)
             if width:
-                _rotate_slice_(rows, lo, hi, cos[a : a + _CHUNK], sin[a : a + _CHUNK], spec.layout)
+                rotate_slice_(rows, lo, hi, cos[a : a + CHUNK], sin[a : a + CHUNK], spec.layout)
             pool.index_copy_(0, dst, rows)
         if values is not None:
             values[layer].index_copy_(0, dst_slots, values[layer].index_select(0, src_slots))
 
 
-def _validate(
+def validate_pool(
     keys: torch.Tensor,
     src_slots: torch.Tensor,
     dst_slots: torch.Tensor,
@@ -104,6 +69,7 @@ def _validate(
     spec: RopeSpec,
     values: torch.Tensor | None,
 ) -> None:
+    """``ValueError`` unless the arguments fit :func:`rotate_copy` (shapes, dtypes, slots, overlap)."""
     if not spec.shiftable:
         raise ValueError(f"RoPE of {spec.model_type!r} is not shiftable: {spec.reason}")
     if keys.dim() != 4:
@@ -145,10 +111,6 @@ def _validate(
         raise ValueError("values must be [layers, slots, heads, dim] with the keys' layers and slots")
 
 
-def _triton_usable(device: torch.device) -> bool:
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def rotate_copy(
     keys: torch.Tensor,
     src_slots: torch.Tensor,
@@ -165,12 +127,12 @@ def rotate_copy(
     on CPU needs ``TRITON_INTERPRET=1`` set before the kernel module is first imported.
     Raises ``ValueError`` on bad shapes, dtypes, slot indices, or an unshiftable spec.
     """
-    _validate(keys, src_slots, dst_slots, old_pos, new_pos, spec, values)
+    validate_pool(keys, src_slots, dst_slots, old_pos, new_pos, spec, values)
     if src_slots.numel() == 0:
         return
     use_triton = backend == "triton" or (backend == "auto" and keys.device.type == "cuda")
     if use_triton:
-        if not _triton_usable(keys.device):
+        if not triton_usable(keys.device):
             raise RuntimeError("the Triton kernel needs a CUDA device or TRITON_INTERPRET=1 (set before import)")
         from leyline_server.kernels.rotate_triton import rotate_copy_triton
 

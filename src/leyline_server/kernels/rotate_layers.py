@@ -14,7 +14,8 @@ from collections.abc import Sequence
 
 import torch
 
-from leyline_server.kernels.rotate import _CHUNK, Backend, _rotate_slice_, _triton_usable, _validate, shift_cos_sin
+from leyline_server.kernels.phases import CHUNK, rotate_slice_, shift_cos_sin, triton_usable
+from leyline_server.kernels.rotate import Backend, validate_pool
 from leyline_server.rope import PairLayout, RopeSpec
 
 __all__ = ["rotate_copy_layers"]
@@ -40,11 +41,11 @@ def _torch_layer(
     spec: RopeSpec,
 ) -> None:
     lo, hi = spec.rotary_offset, spec.rotary_offset + spec.rotary_dim
-    for a in range(0, src.numel(), _CHUNK):
-        rows = pool.index_select(0, src[a : a + _CHUNK])  # a copy: src == dst is safe
+    for a in range(0, src.numel(), CHUNK):
+        rows = pool.index_select(0, src[a : a + CHUNK])  # a copy: src == dst is safe
         if cos is not None and sin is not None:
-            _rotate_slice_(rows, lo, hi, cos[a : a + _CHUNK], sin[a : a + _CHUNK], spec.layout)
-        pool.index_copy_(0, dst[a : a + _CHUNK], rows)
+            rotate_slice_(rows, lo, hi, cos[a : a + CHUNK], sin[a : a + CHUNK], spec.layout)
+        pool.index_copy_(0, dst[a : a + CHUNK], rows)
 
 
 def _triton_layers(
@@ -56,7 +57,7 @@ def _triton_layers(
     sin: torch.Tensor | None,
     spec: RopeSpec,
 ) -> None:
-    from leyline_server.kernels.rotate_triton import _launch
+    from leyline_server.kernels.rotate_triton import launch
 
     src, dst = src.contiguous(), dst.contiguous()
     width = spec.rotary_dim
@@ -64,9 +65,9 @@ def _triton_layers(
         cos = sin = torch.empty(1, dtype=torch.float32, device=src.device)
     interleaved = spec.layout is PairLayout.INTERLEAVED
     for buf in keys:
-        _launch(buf.unsqueeze(0), src, dst, cos, sin, buf.shape[-1], spec.rotary_offset, width, interleaved)
+        launch(buf.unsqueeze(0), src, dst, cos, sin, buf.shape[-1], spec.rotary_offset, width, interleaved)
     for buf in values or ():
-        _launch(buf.unsqueeze(0), src, dst, cos, sin, buf.shape[-1], 0, 0, False)
+        launch(buf.unsqueeze(0), src, dst, cos, sin, buf.shape[-1], 0, 0, False)
 
 
 def rotate_copy_layers(
@@ -89,7 +90,7 @@ def rotate_copy_layers(
     _check_layers("keys", keys)
     if values is not None:
         _check_layers("values", values)
-    _validate(
+    validate_pool(
         keys[0].unsqueeze(0),
         src_slots,
         dst_slots,
@@ -107,7 +108,7 @@ def rotate_copy_layers(
         cos, sin = (t.contiguous() for t in shift_cos_sin(old_pos, new_pos, spec))
     use_triton = backend == "triton" or (backend == "auto" and keys[0].device.type == "cuda")
     if use_triton:
-        if not _triton_usable(keys[0].device):
+        if not triton_usable(keys[0].device):
             raise RuntimeError("the Triton kernel needs a CUDA device or TRITON_INTERPRET=1 (set before import)")
         _triton_layers(keys, values, src_slots, dst_slots, cos, sin, spec)
         return

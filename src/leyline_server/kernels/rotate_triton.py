@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from leyline_server.kernels.rotate import shift_cos_sin
+from leyline_server.kernels.phases import shift_cos_sin
 from leyline_server.rope import PairLayout, RopeSpec
 
 __all__ = ["rotate_copy_triton"]
@@ -74,7 +74,7 @@ def _gather_rotate_kernel(
     )
 
 
-def _launch(
+def launch(
     pool: torch.Tensor,
     src: torch.Tensor,
     dst: torch.Tensor,
@@ -85,6 +85,7 @@ def _launch(
     width: int,
     interleaved: bool,
 ) -> None:
+    """Launch the kernel over every layer of ``pool`` ``[L, S, H, D]`` (cos/sin precomputed)."""
     assert pool.is_contiguous(), "the pool must be contiguous"
     layers, slots = pool.shape[0], pool.shape[1]
     row = pool[0, 0].numel()
@@ -130,7 +131,7 @@ def rotate_copy_triton(
         cos, sin = (t.contiguous() for t in shift_cos_sin(old_pos, new_pos, spec))
     else:
         cos = sin = torch.empty(1, dtype=torch.float32, device=keys.device)
-    _launch(
+    launch(
         keys,
         src,
         dst,
@@ -142,4 +143,4 @@ def rotate_copy_triton(
         spec.layout is PairLayout.INTERLEAVED,
     )
     if values is not None:
-        _launch(values, src, dst, cos, sin, values.shape[-1], 0, 0, False)
+        launch(values, src, dst, cos, sin, values.shape[-1], 0, 0, False)
