@@ -149,3 +149,41 @@ async def test_strict_unknown_session_is_404_and_fallback_otherwise(client):
     )
     assert r.leyline["fallback"]["code"] == "base_mismatch" and not r.leyline["applied"]
     assert r.leyline["session_id"] not in (None, "nope")  # a fresh session continues the conversation
+
+
+async def test_logprobs_in_openai_shapes_streamed_and_not(client):
+    r = await client.chat.completions.create(
+        model="tiny-mla", messages=MESSAGES, max_tokens=5, temperature=0, logprobs=True, top_logprobs=3
+    )
+    content = r.choices[0].logprobs.content
+    ids = r.leyline["completion_token_ids"]
+    assert len(content) == len(ids) == r.usage.completion_tokens
+    for entry in content:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
+        assert entry.top_logprobs[0].logprob >= entry.logprob - 1e-9  # greedy: the best one was chosen
+        assert entry.top_logprobs[0].token == entry.token
+    stream = await client.chat.completions.create(
+        model="tiny-mla", messages=MESSAGES, max_tokens=5, temperature=0, logprobs=True, top_logprobs=2, stream=True
+    )
+    streamed = [e for chunk in [c async for c in stream] if chunk.choices and chunk.choices[0].logprobs
+                for e in chunk.choices[0].logprobs.content]  # fmt: skip
+    assert [e.token for e in streamed] == [e.token for e in content]
+    assert [round(e.logprob, 6) for e in streamed] == [round(e.logprob, 6) for e in content]
+
+
+async def test_logit_bias_and_penalties_change_the_output_as_asked(client):
+    plain = await client.chat.completions.create(model="tiny-mla", messages=MESSAGES, max_tokens=4, temperature=0)
+    first = plain.leyline["completion_token_ids"][0]
+    banned = await client.chat.completions.create(
+        model="tiny-mla", messages=MESSAGES, max_tokens=4, temperature=0, logit_bias={str(first): -100}
+    )
+    assert banned.leyline["completion_token_ids"][0] != first
+    forced = await client.chat.completions.create(
+        model="tiny-mla", messages=MESSAGES, max_tokens=6, temperature=0, logit_bias={"97": 100}
+    )
+    assert set(forced.leyline["completion_token_ids"]) == {97}
+    leaning = {"model": "tiny-mla", "messages": MESSAGES, "max_tokens": 8, "temperature": 0, "logit_bias": {"97": 12}}
+    without = await client.chat.completions.create(**leaning)
+    penalised = await client.chat.completions.create(**leaning, frequency_penalty=2.0, presence_penalty=1.0)
+    assert without.leyline["completion_token_ids"].count(97) == 8
+    assert 0 < penalised.leyline["completion_token_ids"].count(97) < 8  # each repeat costs more
