@@ -113,6 +113,14 @@ def conversation(seed: int, turns: int) -> list[dict]:
     return messages
 
 
+def lcp(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix of two greedy continuations."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
 def kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
     """KL(p || q) of the next-token distributions."""
     p, q = torch.log_softmax(p_logits, -1), torch.log_softmax(q_logits, -1)
@@ -144,9 +152,10 @@ def main_set(arms: Arms, n: int) -> dict[str, Any]:
         forget.append(arms.fresh([*edits[-1], QUESTION]))
         spl.append(arms.spliced(messages, edits, QUESTION))
         print(f"  case {seed + 1}/{n}", file=sys.stderr)
-    disagree = [i for i in range(n) if full[i].tokens[0] != forget[i].tokens[0]]
-    follows_full = sum(spl[i].tokens[0] == full[i].tokens[0] for i in disagree)
-    follows_forget = sum(spl[i].tokens[0] == forget[i].tokens[0] for i in disagree)
+    # where full and forget answer differently, does the splice keep to full's answer longer, or forget's?
+    disagree = [i for i in range(n) if full[i].tokens != forget[i].tokens]
+    follows_full = sum(lcp(spl[i].tokens, full[i].tokens) > lcp(spl[i].tokens, forget[i].tokens) for i in disagree)
+    follows_forget = sum(lcp(spl[i].tokens, forget[i].tokens) > lcp(spl[i].tokens, full[i].tokens) for i in disagree)
     return {
         "splice~full": compare(spl, full), "splice~forget": compare(spl, forget), "forget~full": compare(forget, full),
         "disagree": len(disagree), "follows_full": follows_full, "follows_forget": follows_forget,
@@ -234,8 +243,9 @@ def report(main: dict[str, Any], rows: list[Any], facts: dict[str, float], args:
             f"| {pair.replace('~', ' vs ')} | {m['first']:.0%} | {m['greedy']:.0%} | {m['kl']:.4f} | {m['cos']:.4f} |"
         )
     print(
-        f"\nfull and forget disagree on the first token in {main['disagree']} cases: the splice follows full in "
-        f"{main['follows_full']}, forget in {main['follows_forget']}"
+        f"\nfull and forget answer differently (greedy, 32 tokens) in {main['disagree']} of {args.conversations} "
+        f"cases; there the splice keeps to full's answer longer in {main['follows_full']}, to forget's in "
+        f"{main['follows_forget']} (the rest: ties)"
     )
     print("\n| successive edits | splice vs full: KL | first token same | forget vs full: KL | first token same |")
     print("| ---: | ---: | ---: | ---: | ---: |")
