@@ -95,3 +95,26 @@ def test_models_the_pool_cannot_serve_are_refused_at_load_with_a_reason():
         check_servable(config)
     with pytest.raises(ModelLoadError, match="neither a preset"):
         resolve_model_path("/nothing/here")
+
+
+def test_many_sequences_of_different_lengths_share_the_mirrors_correctly():
+    """More live sequences than mirrors, of different lengths, used out of order: eviction picks the
+    least recently used mirror (not the oldest) and outputs stay exact."""
+    eng = engine("tiny-gqa", layers=2, kv_budget_mb=8)
+    oracle = engine("tiny-gqa", layers=2, kv_budget_mb=8)
+    sequences = [[(7 * i + j) % 900 + 20 for j in range(40 + 150 * (i % 4))] for i in range(12)]
+    order = [0, 1, 2, 3, 4, 5, 6, 7, 0, 8, 3, 9, 10, 0, 11]  # sequence 0 comes back: later victims are not first
+    handles: dict[int, object] = {}
+    for i in order:
+        tokens = sequences[i] = sequences[i] + [33]  # each visit appends a token (the same session's next turn)
+        pinned, logits, _ = prefill(eng, tokens, previous=handles.pop(i, None))
+        ours = [s.token for s in eng.decode(pinned, logits, SamplingParams(max_tokens=3))]
+        sequences[i] = pinned.tokens
+        handles[i] = pinned
+        ref_pinned, ref_logits, _ = prefill(oracle, tokens)
+        assert ours == [s.token for s in oracle.decode(ref_pinned, ref_logits, SamplingParams(max_tokens=3))]
+        oracle.release(ref_pinned)
+        oracle.pool.free(oracle.radix.evict(oracle.pool.capacity))
+        oracle.mirrors.clear()
+    assert len(eng.mirrors.mirrors) <= 8 and eng.mirrors.stats.evictions > 0
+    eng.check_integrity()

@@ -37,7 +37,7 @@ def _mirror_shapes(layout: PoolLayout) -> tuple[int, int, int, int]:
     return layout.heads, layout.row, layout.value_heads, layout.value_row
 
 
-@dataclass
+@dataclass(eq=False)  # identity: mirrors are compared and removed as objects, never by their tensors
 class Mirror:
     """A contiguous copy of the KV rows of the slot list ``slots[:length]`` (all layers).
 
