@@ -16,7 +16,9 @@ tokens), cuts the difference into *hunks* and gives each a mode and a :class:`So
   reasoning. Content the template *changed or inserted* (a date, a counter, a re-rendered tool
   result) is a changed fact: ``forget`` from there on.
 
-Hunks of one edited message merge into one directive; the first ``forget`` becomes one directive
+Hunks of one edited message merge into one directive, and so do template hunks of one mode
+fewer than ``MIN_GAP`` equal tokens apart (two close deletions: one amortize directive whose
+replacement is the few tokens between them); the first ``forget`` becomes one directive
 that drops the rest of the base (the server prefills the new render from there). The result is
 verified: ``apply(base, D)`` equals the new render (or, ``prefix=True``, a prefix of it); anything
 else falls back to one ``forget`` from the first differing token. Never a directive that does

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["tiny_config", "build_model", "YARN", "LLAMA3", "LINEAR"]
+__all__ = ["tiny_config", "build_model", "preset_config", "PRESETS", "YARN", "LLAMA3", "LINEAR"]
 
 _VOCAB = 1024  # the size of leyline_sdk's tiny tokenizer
 
@@ -105,3 +105,19 @@ def build_model(config: Any, seed: int = 0, dtype: torch.dtype = torch.float32) 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     return model.eval()
+
+
+# The tiny presets every engine understands: name -> (model type, RoPE scaling, config overrides)
+PRESETS: dict[str, tuple[str, dict[str, Any] | None, dict[str, Any]]] = {
+    "tiny-mla": ("deepseek_v2", None, {}),
+    "tiny-mla-v3": ("deepseek_v3", YARN, {"rope_interleave": True}),
+    "tiny-gqa": ("llama", None, {}),
+}
+
+
+def preset_config(name: str, layers: int = 2, **overrides: Any) -> Any:
+    """The transformers config of preset ``name`` (``layers`` decoder layers)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; presets: {sorted(PRESETS)}")
+    model_type, rope, extra = PRESETS[name]
+    return tiny_config(model_type, layers=layers, rope=rope, **{**extra, **overrides})

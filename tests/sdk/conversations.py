@@ -62,6 +62,7 @@ def edited(draw, conv):
             del origin[k]
         else:
             k = draw(st.integers(0, len(new) - 1))
+            before = new[k]
             content = new[k].get("content") or ""
             if kind == "truncate":
                 new[k] = {**new[k], "content": content[: draw(st.integers(0, len(content)))]}
@@ -69,7 +70,7 @@ def edited(draw, conv):
                 new[k] = {**new[k], "content": "[evicted: older tool output]"}
             else:
                 new[k] = {**new[k], "content": draw(text)}
-            if origin[k] is not None:
+            if origin[k] is not None and new[k] != before:  # a no-op edit (truncated to full length) edits nothing
                 touched.add(origin[k])
     kept_old = {o for o in origin if o is not None}
     edited_old = (set(range(len(conv))) - kept_old) | touched

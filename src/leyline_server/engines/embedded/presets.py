@@ -16,23 +16,9 @@ from leyline_server.engines.embedded.engine import EmbeddedEngine
 from leyline_server.engines.embedded.loading import check_servable, load_folder, load_gguf, resolve_model_path
 from leyline_server.engines.embedded.pool import SlotPool, layout_from_config
 from leyline_server.rope import rope_spec_from_config
-from leyline_server.tiny_models import YARN, build_model, tiny_config
+from leyline_server.tiny_models import PRESETS, build_model, preset_config
 
 __all__ = ["PRESETS", "preset_config", "load_engine"]
-
-PRESETS: dict[str, tuple[str, dict[str, Any] | None, dict[str, Any]]] = {
-    "tiny-mla": ("deepseek_v2", None, {}),
-    "tiny-mla-v3": ("deepseek_v3", YARN, {"rope_interleave": True}),
-    "tiny-gqa": ("llama", None, {}),
-}
-
-
-def preset_config(name: str, layers: int = 2, **overrides: Any) -> Any:
-    """The transformers config of preset ``name`` (``layers`` decoder layers)."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; presets: {sorted(PRESETS)}")
-    model_type, rope, extra = PRESETS[name]
-    return tiny_config(model_type, layers=layers, rope=rope, **{**extra, **overrides})
 
 
 def load_engine(

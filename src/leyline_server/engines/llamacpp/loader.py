@@ -26,7 +26,7 @@ def resolve_gguf(model: str, layers: int = 2) -> Path:
 
     A llama-style embedded preset is converted on the fly (same weights as the embedded engine's).
     """
-    from leyline_server.engines.embedded.presets import PRESETS
+    from leyline_server.tiny_models import PRESETS
 
     if model in SMOLLM2_NAMES:
         found = find_smollm2_gguf()
