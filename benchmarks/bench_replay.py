@@ -85,8 +85,12 @@ class Trace:
 
 
 def tool_trace(seed: int, turns: int) -> Trace:
-    """A tool-heavy session (see ``tool_traces``)."""
-    session = tool_traces.agent_session(seed, turns)
+    """A tool-heavy session (see ``tool_traces``), tool outputs capped at 4k characters.
+
+    With the cap, the two most recent outputs (``TruncateOlderThanN(2)``) and the stubs fit
+    SmolLM2's 8,192-token context (code-like text is ~2 characters per token there).
+    """
+    session = tool_traces.agent_session(seed, turns, max_chars=4000)
     requests, messages = [], list(session.opening)
     for step in [*session.turns, None]:
         requests.append(list(messages))
@@ -206,7 +210,12 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
-    parser.add_argument("--kv-budget-mb", type=float, default=512)
+    parser.add_argument(
+        "--kv-budget-mb",
+        type=float,
+        default=2048,
+        help="KV pool: room for every session in flight at C = 8 (SmolLM2: ~46 KB per token)",
+    )
     parser.add_argument("--context", type=int, default=8192, help="the server's context limit")
     parser.add_argument("--trace", choices=("tools", "reasoning"), default="tools")
     parser.add_argument("--png", default="docs/results/replay.png")

@@ -2,7 +2,7 @@
 
 ``agent_session(seed, turns)`` gives the opening messages and, per turn, the messages the agent
 appends (one assistant tool call and its result). Tool outputs have realistic, varied sizes
-(log-normal around ~1.5k characters, capped at 8k); some reads repeat an earlier path, some
+(log-normal around ~1.5k characters, capped at 8k by default); some reads repeat an earlier path, some
 test runs fail and are retried. Nothing here needs a model: the agent's moves are scripted, so
 every arm of a benchmark replays the same conversation.
 """
@@ -36,8 +36,8 @@ class AgentSession:
     turns: list[list[dict]]
 
 
-def _size(rng: random.Random) -> int:
-    return min(8000, max(120, int(math.exp(rng.gauss(math.log(1500), 0.8)))))
+def _size(rng: random.Random, cap: int) -> int:
+    return min(cap, max(120, int(math.exp(rng.gauss(math.log(1500), 0.8)))))
 
 
 def _file_body(rng: random.Random, path: str, chars: int) -> str:
@@ -48,8 +48,8 @@ def _file_body(rng: random.Random, path: str, chars: int) -> str:
     return "\n".join(lines)[:chars]
 
 
-def _output(rng: random.Random, tool: str, args: dict, failed: bool) -> str:
-    chars = _size(rng)
+def _output(rng: random.Random, tool: str, args: dict, failed: bool, cap: int = 8000) -> str:
+    chars = _size(rng, cap)
     if tool == "run_tests":
         if failed:
             return "Traceback (most recent call last):\n" + _file_body(rng, "trace", chars) + "\nAssertionError"
@@ -80,8 +80,8 @@ def _move(rng: random.Random, turn: int, paths: list[str], last_failed: bool) ->
     return "write_file", {"path": path, "content": _file_body(rng, path, 300)}, False
 
 
-def agent_session(seed: int, turns: int) -> AgentSession:
-    """A reproducible session of ``turns`` tool calls."""
+def agent_session(seed: int, turns: int, max_chars: int = 8000) -> AgentSession:
+    """A reproducible session of ``turns`` tool calls; no tool output longer than ``max_chars``."""
     rng = random.Random(seed)
     opening = [SYSTEM, {"role": "user", "content": f"Task {seed}: find why the configuration is not applied."}]
     steps, paths, failed = [], [], False
@@ -92,7 +92,7 @@ def agent_session(seed: int, turns: int) -> AgentSession:
         steps.append(
             [
                 {"role": "assistant", "content": None, "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": call_id, "content": _output(rng, tool, args, failed)},
+                {"role": "tool", "tool_call_id": call_id, "content": _output(rng, tool, args, failed, max_chars)},
             ]
         )
     return AgentSession(opening, steps)

@@ -24,7 +24,11 @@ TOY = {
     "bench_diff.py": ["--messages", "40", "--repeat", "1"],
     "bench_sdk_turn.py": ["--messages", "40", "--turns", "2"],
     "bench_reasoning.py": ["--turns", "6", "--align-sizes"],
-    "bench_replay.py": ["--model", "tiny-mla", "--sessions", "2", "--turns", "2", "--concurrency", "1", "--png", ""],
+    "bench_replay.py": [
+        *"--model tiny-mla --sessions 2 --turns 2 --concurrency 1 --kv-budget-mb 128".split(),
+        "--png",
+        "",
+    ],
 }
 REAL = {
     "bench_agreement.py": ["--conversations", "1", "--edits", "1", "--edit-cases", "1", "--facts", "1", "--png", ""],
