@@ -62,12 +62,20 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 
+# Every benchmark, one after the other (never two at once: they time the CPU). Tables go to
+# docs/results/<name>.md (plots next to them); about 1.5 hours on 2 cores, the real-model ones
+# (agreement, notes, replay, vs_llamacpp) most of it. One alone: $(PY) benchmarks/bench_X.py --help.
+BENCHES ?= diff sdk_turn radix rotate drift reasoning engine speed agreement notes replay vs_llamacpp
+bench: SHELL := /bin/bash
 bench: $(STAMP)
-	$(PY) benchmarks/bench_diff.py
-	$(PY) benchmarks/bench_sdk_turn.py
-	$(PY) benchmarks/bench_radix.py
-	$(PY) benchmarks/bench_rotate.py
-	$(PY) benchmarks/bench_engine.py
+	@mkdir -p docs/results
+	@set -eo pipefail; for b in $(BENCHES); do \
+		echo "==> benchmarks/bench_$$b.py"; \
+		case $$b in \
+			notes|vs_llamacpp) $(PY) benchmarks/bench_$$b.py ;; \
+			*) $(PY) benchmarks/bench_$$b.py | tee docs/results/$$b.md ;; \
+		esac; \
+	done
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src policies tests benchmarks examples
