@@ -136,13 +136,16 @@ class Leyline:
         rest = time.perf_counter() - started
         return turn, first, n / rest if n else 0.0
 
+    def _drop_idle(self) -> None:
+        core = getattr(self.engine, "core", None)
+        if hasattr(core, "drop_idle"):
+            core.drop_idle()  # llama.cpp: only this session's cells in the pool, as in plain llama.cpp's
+
     async def continue_after_edit(self, base: list[int], prompt: list[int], directive: Any, mode: str) -> float:
         """A session holding ``base`` gets the edited ``prompt`` with the directive in ``mode``."""
         from leyline_server.engines.base import SpliceRequest
 
-        core = getattr(self.engine, "core", None)
-        if hasattr(core, "drop_idle"):
-            core.drop_idle()  # llama.cpp: only this session's cells in the pool, as in plain llama.cpp's
+        self._drop_idle()
         scope = self._scope()
         turn, _, _ = await self._turn(base, scope, None, None)
         edit = directive.model_copy(update={"mode": type(directive.mode)(mode)})
@@ -155,6 +158,7 @@ class Leyline:
 
     async def throughput(self, prompt: list[int], steps: int) -> tuple[float, float]:
         """(prefill tok/s from an empty cache, greedy decode tok/s) of one request."""
+        self._drop_idle()  # an empty cache, as plain llama.cpp's reset() gives it
         turn, first, decode = await self._turn(prompt, self._scope(), None, None, steps + 1)
         self.engine.release(turn.handle)
         return len(prompt) / first, decode
@@ -216,6 +220,8 @@ def measure(which: str, args: argparse.Namespace, scenario: Scenario) -> tuple[l
     finally:
         if isinstance(engine, Leyline):
             loop.run_until_complete(engine.engine.close())
+        else:  # free plain llama.cpp's context: left alive, it slowed the next engine's decode ~7 %
+            engine.llm.close()
         loop.close()
     return rows, {"engine": engine.name, "prefill": prefill, "decode": decode}
 
