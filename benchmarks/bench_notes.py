@@ -39,7 +39,6 @@ fit, so the default sizes are 1k/2k/4k (``--block-sizes`` takes up to ~7,500).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import re
@@ -53,8 +52,6 @@ from typing import Any
 
 import torch
 
-from leyline_policies import Erratum, StaleToolDetector, run_policies
-from leyline_policies.stubs import call_signature
 from leyline_sdk.diff import common_prefix_length, diff_to_directives
 from leyline_sdk.directives import Directive, Mode, apply
 from leyline_sdk.rendering import HFChatTokenizer
@@ -62,167 +59,22 @@ from leyline_server.engines.base import CacheScope, Handle, Prefilled, SamplingP
 from leyline_server.engines.embedded.presets import load_engine
 from leyline_server.splice import splice
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-def _tool(name: str, text: str) -> dict[str, Any]:
-    """An OpenAI tool definition without parameters."""
-    return {"type": "function", "function": {"name": name, "description": text, "parameters": {"type": "object"}}}
-
-
-TOOLS = [
-    _tool("read_file", "Read a file"),
-    _tool("grep", "Search the repository"),
-    _tool("list_dir", "List a directory"),
-    _tool("run_tests", "Run the test suite"),
-    _tool("write_file", "Write a file"),
-    _tool("set_config", "Set one key of a configuration file"),
-]
-SYSTEM = {"role": "system", "content": "You are a coding agent. Use the tools to inspect and change the repository."}
-KEYS = (
-    "port", "timeout_seconds", "max_connections", "cache_size_mb", "worker_count", "retry_delay_ms",
-    "batch_size", "queue_limit", "replicas", "rate_limit_per_minute", "heartbeat_ms", "pool_size",
-)  # fmt: skip
-PATHS = ("config.yaml", "settings.yaml", "deploy/service.yaml", "conf/app.yaml")
-WORDS = (
-    "amber", "birch", "cobalt", "delta", "ember", "fjord", "garnet", "harbor", "indigo", "juniper",
-    "kestrel", "lumen", "meadow", "nimbus", "onyx", "pylon", "quartz", "raven", "sable", "tundra",
-)  # fmt: skip
-NOUNS = ("gateway", "ledger", "indexer", "mailer", "scheduler", "billing", "search", "auth", "media", "metrics")
-PROSE = Path(__file__).resolve().parent.parent / "docs" / "design.md"
-REPAIRS = (0, 4, 16, 64)
-BLOCK_REPAIRS = (0, 4, 16)
-
-
-# -- conversations ---------------------------------------------------------------------------------
-def exchange(call_id: str, name: str, args: dict[str, Any], output: str) -> list[dict[str, Any]]:
-    """An assistant tool call and its result."""
-    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
-    return [
-        {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": call_id, "content": output},
-    ]
-
-
-def mentions(text: str, value: str) -> bool:
-    """Whether ``text`` contains the number ``value`` (not as part of a longer number)."""
-    return re.search(rf"(?<!\d){re.escape(value)}(?!\d)", text) is not None
-
-
-def _filler_output(rng: random.Random) -> tuple[str, dict[str, Any], str]:
-    """A read-only tool call (grep, list_dir or a passing test run) and its output."""
-    kind = rng.choice(["grep", "list_dir", "run_tests"])
-    if kind == "grep":
-        pattern = rng.choice(["load_settings", "Config(", "getenv", "yaml.safe_load", "reload("])
-        lines = [
-            f"src/{rng.choice(NOUNS)}/{rng.choice(WORDS)}.py:{rng.randint(1, 400)}: {pattern}"
-            for _ in range(rng.randint(10, 18))
-        ]
-        return kind, {"pattern": pattern}, "\n".join(lines)
-    if kind == "list_dir":
-        names = sorted({f"{rng.choice(WORDS)}_{rng.choice(NOUNS)}.py" for _ in range(rng.randint(14, 24))})
-        return kind, {"path": "src/"}, "\n".join(f"{rng.randint(1, 40)}K  {n}" for n in names)
-    n = rng.randint(20, 60)
-    dots = "".join(rng.choice("....s") for _ in range(n))
-    return kind, {"target": "tests/"}, f"collected {n} items\n\ntests/ {dots}\n\n{n} passed in {rng.uniform(1, 9):.2f}s"
-
-
-def filler(rng: random.Random, call_id: str, avoid: Sequence[str]) -> list[dict[str, Any]]:
-    """One read-only tool exchange whose output mentions none of the numbers in ``avoid``."""
-    while True:
-        tool, args, output = _filler_output(rng)
-        if not any(mentions(output, v) for v in avoid):
-            return exchange(call_id, tool, args, output)
-
-
-def _values(rng: random.Random) -> tuple[str, str]:
-    """An old and a new value: same number of digits, different leading digit."""
-    digits = rng.choice([2, 3, 4])
-    old = str(rng.randint(10 ** (digits - 1), 10**digits - 1))
-    while True:
-        new = str(rng.randint(10 ** (digits - 1), 10**digits - 1))
-        if new[0] != old[0]:
-            return old, new
-
-
-def config_text(rng: random.Random, key: str, value: str, avoid: Sequence[str]) -> tuple[list[str], int]:
-    """The lines of a YAML config with ``key: value`` among other settings (none mention ``avoid``)."""
-    lines = [f"service: {rng.choice(WORDS)}-{rng.choice(NOUNS)}", "host: 0.0.0.0", "log_level: info"]
-    for other in rng.sample([k for k in KEYS if k != key], 6):
-        number = str(rng.randint(2, 999))
-        while any(mentions(number, v) or mentions(v, number) for v in avoid):
-            number = str(rng.randint(2, 999))
-        lines.append(f"{other}: {number}")
-    lines += ["tls: false", "region: eu-west"]
-    at = rng.randint(2, len(lines))
-    lines.insert(at, f"{key}: {value}")
-    return lines, at
-
-
-@dataclass(frozen=True)
-class FieldCase:
-    """A history whose ``read_index`` output of ``path`` shows ``key: old``; it is ``new`` now.
-
-    ``via``: the history's write that changed it (``write_file``, ``set_config``), or ``outside``
-    (no later message states the new value: the correction is the only place it shows).
-    """
-
-    path: str
-    key: str
-    messages: list[dict[str, Any]]
-    corrected: list[dict[str, Any]]
-    read_index: int
-    question: dict[str, Any]
-    prefix: str
-    old: str
-    new: str
-    via: str
-
-
-def field_case(seed: int, fillers: int, outside: bool = False) -> FieldCase:
-    """Read the config, ``fillers`` other calls, a write that changes one value (or, ``outside``,
-    one more read-only call: the value changed outside the conversation), one more call."""
-    rng = random.Random(seed)
-    key, path = KEYS[seed % len(KEYS)], PATHS[seed % len(PATHS)]
-    old, new = _values(rng)
-    lines, at = config_text(rng, key, old, (old, new))
-    messages = [SYSTEM, {"role": "user", "content": f"Task {seed}: the service configured in {path} misbehaves."}]
-    messages += exchange("c0", "read_file", {"path": path}, "\n".join(lines))
-    read_index = len(messages) - 1
-    for i in range(fillers):
-        messages += filler(rng, f"c{i + 1}", (old, new))
-    new_lines = lines[:at] + [f"{key}: {new}"] + lines[at + 1 :]
-    via = "outside" if outside else "write_file" if seed % 2 == 0 else "set_config"
-    if via == "outside":
-        messages += filler(rng, "w", (old, new))
-    elif via == "write_file":
-        body = "\n".join(new_lines)
-        messages += exchange("w", via, {"path": path, "content": body}, f"wrote {len(body)} bytes to {path}")
-    else:
-        messages += exchange("w", via, {"path": path, "key": key, "value": new}, f"{path}: {key} set to {new}")
-    messages += filler(rng, "c9", (old, new))
-    corrected = [dict(m) for m in messages]
-    corrected[read_index]["content"] = "\n".join(new_lines)
-    question = {"role": "user", "content": f"What is {key} in {path} now? Answer with the number only."}
-    prefix = f"{key}: "
-    return FieldCase(path, key, messages, corrected, read_index, question, prefix, old, new, via)
-
-
-def with_erratum(case: FieldCase) -> list[dict[str, Any]]:
-    """The history with the erratum ``StaleToolDetector(on_invalidated="erratum")`` appends (checked).
-
-    For a change from ``outside`` (no write the detector could see) the erratum is written in the
-    same format, by hand: ``Erratum(text).message()`` after the last message.
-    """
-    if case.via == "outside":
-        read = call_signature("read_file", {"path": case.path})
-        text = f"The earlier output of {read} is outdated: {case.path} changed afterwards. New {case.key}:\n{case.new}"
-        return [*case.messages, Erratum(text).message()]
-    detector = StaleToolDetector(write_tools={"write_file", "set_config"}, on_invalidated="erratum")
-    effective, _, report = run_policies(case.messages, [detector], tools=TOOLS)
-    if effective[: len(case.messages)] != case.messages or len(effective) != len(case.messages) + 1:
-        raise AssertionError(f"expected one appended erratum, got {report}")
-    if not effective[-1]["content"].startswith("[erratum]"):
-        raise AssertionError(f"not an erratum: {effective[-1]}")
-    return effective
+from notes_cases import (  # noqa: E402
+    BLOCK_REPAIRS,
+    REPAIRS,
+    SYSTEM,
+    TOOLS,
+    WORDS,
+    FieldCase,
+    document,
+    field_case,
+    filler,
+    mentions,
+    with_erratum,
+)
+from notes_report import BlockRow, FieldRow, block_tables, field_table, plot  # noqa: E402
 
 
 # -- the engine, timed -----------------------------------------------------------------------------
@@ -347,21 +199,6 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.nn.functional.cosine_similarity(a, b, dim=0))
 
 
-@dataclass
-class FieldRow:
-    """One arm over every case."""
-
-    arm: str
-    new: float
-    old: float
-    same_answer: float
-    first_token: float
-    old_share: float
-    cos: float
-    ttft_ms: float
-    computed: float
-
-
 def number(text: str) -> str | None:
     """The first number in an answer."""
     match = re.search(r"\d+", text)
@@ -428,29 +265,6 @@ class BlockCase:
     questions: list[tuple[dict[str, Any], str, str]]  # (message, answer prefix, answer)
 
 
-def count_tokens(tokenizer: Any, text: str) -> int:
-    """How many tokens ``text`` is on its own."""
-    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def document(rng: random.Random, tokenizer: Any, size: int, needles: int) -> tuple[str, list[tuple[str, str]]]:
-    """About ``size`` tokens of prose (the lines of ``docs/design.md``, cycled) with ``needles`` access
-    codes spread over it: the text and the (vault, code) pairs, in order."""
-    paragraphs = [line for line in PROSE.read_text(encoding="utf-8").splitlines() if line.strip()]
-    codes = [str(c) for c in rng.sample(range(1000, 10000), needles)]
-    pairs = list(zip(rng.sample(WORDS, needles), codes, strict=True))
-    lines = [f"The access code of the {vault} vault is {code}." for vault, code in pairs]
-    budget = size - sum(count_tokens(tokenizer, line + "\n") for line in lines)
-    body: list[str] = []
-    used = 0
-    while used + count_tokens(tokenizer, paragraphs[len(body) % len(paragraphs)] + "\n") <= budget:
-        body.append(paragraphs[len(body) % len(paragraphs)])
-        used += count_tokens(tokenizer, body[-1] + "\n")
-    for j, line in enumerate(lines):
-        body.insert(round((j + 0.5) * (len(body) - j) / needles) + j, line)
-    return "\n".join(body), pairs
-
-
 def block_case(bench: Bench, size: int, questions: int, seed: int) -> BlockCase:
     """A document of about ``size`` tokens after a short agent context, and one question per needle in it."""
     rng = random.Random(seed)  # the same context for every size
@@ -468,22 +282,6 @@ def block_case(bench: Bench, size: int, questions: int, seed: int) -> BlockCase:
         for vault, code in needles
     ]
     return BlockCase(context, {"role": "user", "content": "Reference document:\n\n" + text}, asked)
-
-
-@dataclass
-class BlockRow:
-    """One block size: the costs and, per repair k, agreement with full recomputation."""
-
-    tokens: int
-    context: int
-    precompute_ms: float
-    full_ms: float
-    prefill_ms: float
-    full_correct: float
-    insert_ms: dict[int, float]
-    first_token: dict[int, float]
-    cos: dict[int, float]
-    same: dict[int, float]
 
 
 def block_answers(
@@ -577,101 +375,8 @@ def run_block_size(bench: Bench, size: int, questions: int, seed: int) -> BlockR
     return row
 
 
-# -- report ----------------------------------------------------------------------------------------
-def field_table(rows: list[FieldRow], info: dict[str, Any], n: int, title: str) -> str:
-    """The field-edit table of one variant (markdown)."""
-    lines = [
-        f"**Field edits, {title}** — {n} cases; history {info['context']:.0f} tokens on average, the edited value "
-        f"{info['downstream']:.0f} tokens before its end; greedy answers after the forced prefix "
-        "\"<key>: \"; old-digit share = P(old value's first digit) / (P(old's) + P(new's)) "
-        "at the first answer token, mean",
-        "",
-        "| arm | answers the new value | answers the old value | same number as full | first token as full "
-        "| old-digit share | logit cosine to full | time to first token (ms, median) | tokens computed |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r.arm} | {r.new:.0%} | {r.old:.0%} | {r.same_answer:.0%} | {r.first_token:.0%} | {r.old_share:.3f} "
-            f"| {r.cos:.4f} | {r.ttft_ms:.0f} | {r.computed:.0f} |"
-        )
-    return "\n".join(lines)
-
-
-def block_tables(rows: list[BlockRow], questions: int) -> str:
-    """The block cost table and the per-k agreement table (markdown)."""
-    lines = [
-        f"**Blocks** — a document (design.md prose with {questions} access-code needles) placed after a "
-        f'{rows[0].context}-token context; one question per needle ("What is the access code of the <x> vault?", '
-        'answer prefix "The access code of the <x> vault is "); time to first token of the first question '
-        "(insert: median of 3 placements; full and prefill: one run); agreement over all questions",
-        "",
-        "| block tokens | precompute, once (ms) | full recompute (ms) | prefill after the cached context (ms) "
-        "| insert k=0 (ms) | insert k=4 (ms) | insert k=16 (ms) | prefill / insert k=4 | full answers right |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for r in rows:
-        inserts = " | ".join(f"{r.insert_ms[k]:.0f}" for k in BLOCK_REPAIRS)
-        lines.append(
-            f"| {r.tokens:,} | {r.precompute_ms:.0f} | {r.full_ms:.0f} | {r.prefill_ms:.0f} | {inserts} "
-            f"| {r.prefill_ms / r.insert_ms[4]:.1f}x | {r.full_correct:.0%} |"
-        )
-    lines += [
-        "",
-        "| block tokens | repair k | first token as full | logit cosine to full | same number as full |",
-        "| ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for r in rows:
-        for k in BLOCK_REPAIRS:
-            lines.append(f"| {r.tokens:,} | {k} | {r.first_token[k]:.0%} | {r.cos[k]:.4f} | {r.same[k]:.0%} |")
-    return "\n".join(lines)
-
-
-def _field_panel(ax: Any, rows: list[FieldRow], title: str) -> None:
-    """Bars: share of answers with the new and with the old value, per arm (x labels: time to first token)."""
-    xs = range(len(rows))
-    ax.bar([x - 0.2 for x in xs], [r.new * 100 for r in rows], 0.4, label="answers the new value")
-    ax.bar([x + 0.2 for x in xs], [r.old * 100 for r in rows], 0.4, label="answers the old value")
-    ax.set_xticks(list(xs), [f"{r.arm}\n{r.ttft_ms:.0f} ms" for r in rows], rotation=45, ha="right", fontsize=8)
-    ax.set_ylabel("% of cases")
-    ax.set_ylim(0, 105)
-    ax.set_title(f"field edits, {title}", fontsize=10)
-    ax.legend(fontsize=8)
-
-
-def plot(fields: dict[str, list[FieldRow]], blocks: list[BlockRow], path: Path) -> None:
-    """Field-edit answers per variant; block insert vs prefill time; block agreement per repair k."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
-    for ax, (title, rows) in zip(axes[0], fields.items(), strict=True):
-        _field_panel(ax, rows, title)
-    ax = axes[1][0]
-    sizes = [r.tokens for r in blocks]
-    ax.plot(sizes, [r.full_ms for r in blocks], marker="o", label="full recompute")
-    ax.plot(sizes, [r.prefill_ms for r in blocks], marker="o", label="prefill after cached context")
-    for k in BLOCK_REPAIRS:
-        ax.plot(sizes, [r.insert_ms[k] for r in blocks], marker="o", label=f"block insert, repair k={k}")
-    ax.set_yscale("log")
-    ax.set_xlabel("block tokens")
-    ax.set_ylabel("time to first token (ms)")
-    ax.set_title("blocks: time to first token", fontsize=10)
-    ax.legend(fontsize=8)
-    ax = axes[1][1]
-    for k in BLOCK_REPAIRS:
-        ax.plot(sizes, [r.cos[k] for r in blocks], marker="o", label=f"repair k={k}")
-    ax.set_xlabel("block tokens")
-    ax.set_ylabel("first-token logit cosine to full recompute")
-    ax.set_title("blocks: agreement with full recompute", fontsize=10)
-    ax.legend(fontsize=8)
-    for ax in axes.flat:
-        ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+def _path(text: str) -> Path | None:
+    return Path(text) if text else None  # Path("") would be "." (truthy)
 
 
 def main() -> None:
@@ -681,8 +386,8 @@ def main() -> None:
     parser.add_argument("--fillers", type=int, default=3, help="tool calls between the read and the write")
     parser.add_argument("--block-sizes", type=int, nargs="+", default=[1024, 2048, 4096])
     parser.add_argument("--questions", type=int, default=8, help="questions per block size")
-    parser.add_argument("--md", type=Path, default=Path("docs/results/notes.md"))
-    parser.add_argument("--png", type=Path, default=Path("docs/results/notes.png"))
+    parser.add_argument("--md", type=_path, default=Path("docs/results/notes.md"), help="'' to write none")
+    parser.add_argument("--png", type=_path, default=Path("docs/results/notes.png"), help="'' to draw none")
     args = parser.parse_args()
     if not 1 <= args.questions <= len(WORDS):
         parser.error(f"--questions must lie in [1, {len(WORDS)}]")

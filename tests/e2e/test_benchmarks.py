@@ -33,6 +33,7 @@ TOY = {
 REAL = {
     "bench_agreement.py": ["--conversations", "1", "--edits", "1", "--edit-cases", "1", "--facts", "1", "--png", ""],
     "bench_speed.py": ["--contexts", "64", "--repeat", "1", "--decode", "4"],
+    "bench_notes.py": [*"--cases 1 --fillers 1 --block-sizes 200 --questions 1".split(), "--md", "", "--png", ""],
 }
 
 
