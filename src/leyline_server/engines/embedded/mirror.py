@@ -30,6 +30,11 @@ _HEADROOM = 512  # a new mirror leaves room for this many more tokens (decode wi
 _GATHER_CHUNK = 1024  # tokens per gather step (bounds the temporary of index_select)
 
 
+def _rounded(tokens: int) -> int:
+    """A capacity of at least ``tokens`` (and at least one), in multiples of ``_GROW``."""
+    return -(-max(tokens, 1) // _GROW) * _GROW
+
+
 def _mirror_shapes(layout: PoolLayout) -> tuple[int, int, int, int]:
     """(key heads, key dim, value heads, value dim) of the cache tensors transformers uses."""
     if layout.mla_latent:  # DeepSeek MLA: "keys" = latent [1, latent], "values" = k_pe [1, rope]
@@ -56,7 +61,7 @@ class Mirror:
     @classmethod
     def empty(cls, pool: SlotPool, capacity: int) -> Mirror:
         """A mirror able to hold ``capacity`` tokens (rounded up), holding none."""
-        capacity = -(-max(capacity, 1) // _GROW) * _GROW
+        capacity = _rounded(capacity)
         hk, dk, hv, dv = _mirror_shapes(pool.layout)
         layers, device, dtype = pool.layout.layers, pool.keys.device, pool.dtype
         return cls(
@@ -80,7 +85,7 @@ class Mirror:
         """Grow (×1.5 at least) so that ``n`` tokens fit; keeps rows ``[0, length)``."""
         if n <= self.capacity:
             return
-        capacity = -(-max(n, self.capacity * 3 // 2) // _GROW) * _GROW
+        capacity = _rounded(max(n, self.capacity * 3 // 2))
         keys = self.keys.new_empty(self.keys.shape[0], self.keys.shape[1], capacity, self.keys.shape[3])
         values = self.values.new_empty(self.values.shape[0], self.values.shape[1], capacity, self.values.shape[3])
         keys[:, :, : self.length].copy_(self.keys[:, :, : self.length])
@@ -179,8 +184,7 @@ class MirrorStore:
 
     def _bytes_for(self, tokens: int) -> int:
         hk, dk, hv, dv = _mirror_shapes(self.pool.layout)
-        capacity = -(-max(tokens, 1) // _GROW) * _GROW
-        return self.pool.layout.layers * capacity * (hk * dk + hv * dv) * self.pool.keys.element_size()
+        return self.pool.layout.layers * _rounded(tokens) * (hk * dk + hv * dv) * self.pool.keys.element_size()
 
     def _make_room(self, tokens: int, keep: Mirror | None) -> Mirror | None:
         """Evict LRU mirrors (never ``keep``) until a ``tokens`` mirror fits; return one to recycle."""
@@ -217,9 +221,7 @@ class MirrorStore:
                 if best_m == n:
                     self.stats.appends += 1
             elif self._can_keep_both(n + extra + _HEADROOM):  # branch: keep the other branch's rows
-                target = self._make_room(n + extra + _HEADROOM, keep=best) or Mirror.empty(
-                    self.pool, n + extra + _HEADROOM
-                )
+                target = Mirror.empty(self.pool, n + extra + _HEADROOM)
                 target.copy_prefix_from(best, best_m)
                 self.mirrors.append(target)
                 self.stats.forks += 1
