@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tool_traces import TOOLS, agent_session  # noqa: E402
 
 from leyline_policies.stubs import tool_stub  # noqa: E402
-from leyline_sdk.diff import diff_to_directives  # noqa: E402
+from leyline_sdk.diff import common_prefix_length, diff_to_directives  # noqa: E402
 from leyline_sdk.rendering import HFChatTokenizer  # noqa: E402
 from leyline_server.engines.base import CacheScope, SamplingParams, SpliceRequest  # noqa: E402
 from leyline_server.engines.embedded.presets import load_engine  # noqa: E402
@@ -113,14 +113,6 @@ def conversation(seed: int, turns: int) -> list[dict]:
     return messages
 
 
-def lcp(a: list[int], b: list[int]) -> int:
-    """Length of the common prefix of two greedy continuations."""
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
-
-
 def kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
     """KL(p || q) of the next-token distributions."""
     p, q = torch.log_softmax(p_logits, -1), torch.log_softmax(q_logits, -1)
@@ -154,8 +146,14 @@ def main_set(arms: Arms, n: int) -> dict[str, Any]:
         print(f"  case {seed + 1}/{n}", file=sys.stderr)
     # where full and forget answer differently, does the splice keep to full's answer longer, or forget's?
     disagree = [i for i in range(n) if full[i].tokens != forget[i].tokens]
-    follows_full = sum(lcp(spl[i].tokens, full[i].tokens) > lcp(spl[i].tokens, forget[i].tokens) for i in disagree)
-    follows_forget = sum(lcp(spl[i].tokens, forget[i].tokens) > lcp(spl[i].tokens, full[i].tokens) for i in disagree)
+    follows_full = sum(
+        common_prefix_length(spl[i].tokens, full[i].tokens) > common_prefix_length(spl[i].tokens, forget[i].tokens)
+        for i in disagree
+    )
+    follows_forget = sum(
+        common_prefix_length(spl[i].tokens, forget[i].tokens) > common_prefix_length(spl[i].tokens, full[i].tokens)
+        for i in disagree
+    )
     return {
         "splice~full": compare(spl, full), "splice~forget": compare(spl, forget), "forget~full": compare(forget, full),
         "disagree": len(disagree), "follows_full": follows_full, "follows_forget": follows_forget,
