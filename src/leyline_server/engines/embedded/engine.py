@@ -11,7 +11,7 @@ owns that thread). It implements :class:`~leyline_server.engines.base.SpliceBack
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -202,13 +202,18 @@ class EmbeddedEngine:
         return Prefilled(pinned, hit.cached, hit.cached - hit.exact, logits[-1])
 
     def decode(
-        self, handle: Handle, logits: torch.Tensor, params: SamplingParams
+        self,
+        handle: Handle,
+        logits: torch.Tensor,
+        params: SamplingParams,
+        delivered: Callable[[], int] | None = None,
     ) -> Generator[GenerationStep, None, None]:
         """Yield decoded tokens after ``handle`` (whose last logits are ``logits``).
 
-        On exhaustion the generated tokens are committed to the cache (all but the last, which
-        has no KV yet) and ``handle`` is updated in place; closing the iterator early (a
-        cancelled request) commits what was generated so far.
+        When the generator ends or is closed, the first ``delivered()`` generated tokens (all of
+        them without ``delivered``) are committed to the cache (KV for all but the last, which
+        has none yet) and ``handle`` is updated in place; KV computed for tokens decoded ahead
+        of the consumer goes back to the pool.
         """
         pinned = _pinned(handle)
         sampler = Sampler(params)
@@ -230,8 +235,11 @@ class EmbeddedEngine:
                 fresh.append(slots)
                 logits = step_logits[-1]
         finally:
-            tokens = pinned.tokens + generated
-            slots = torch.cat([context, *fresh]) if fresh else context
+            n = len(generated) if delivered is None else min(max(0, delivered()), len(generated))
+            for extra in fresh[n:]:
+                self.free(extra)
+            tokens = pinned.tokens + generated[:n]
+            slots = torch.cat([context, *fresh[:n]]) if fresh[:n] else context
             exact = _exact_after(pinned.exact, pinned.cached, len(slots))
             new = self._commit(tokens, slots, pinned.scope, exact, previous=pinned)
             pinned.tokens, pinned.cached, pinned.exact = new.tokens, new.cached, new.exact

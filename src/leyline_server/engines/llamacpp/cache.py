@@ -204,10 +204,18 @@ class SequenceCache:
 
     # -- decoding ---------------------------------------------------------------------------------
     def decode(
-        self, seq: int, tokens: Sequence[int], pos0: int, want_logits: bool, protect: Collection[Entry] = ()
+        self,
+        seq: int,
+        tokens: Sequence[int],
+        pos0: int,
+        want_logits: bool,
+        protect: Collection[Entry] = (),
+        copy: bool = True,
     ) -> np.ndarray | None:
         """Decode ``tokens`` at ``pos0..`` into ``seq``, evicting cache when the pool is full.
 
+        With ``want_logits`` the last token's logits row is returned as a copy, or, with
+        ``copy=False``, left in the context for the caller to sample in place (``None`` returned).
         Raises :class:`CapacityError` when nothing is left to evict (the chunks decoded before
         stay in the sequence).
         """
@@ -216,7 +224,7 @@ class SequenceCache:
             chunk = tokens[off : off + step]
             last = off + step >= len(tokens)
             self.decode_batch([(seq, t, pos0 + off + i) for i, t in enumerate(chunk)], want_logits and last, protect)
-        return self.ctx.last_logits() if want_logits and tokens else None
+        return self.ctx.last_logits() if want_logits and copy and tokens else None
 
     def decode_batch(
         self, batch: Sequence[tuple[int, int, int]], want_logits: bool, protect: Collection[Entry] = ()
@@ -231,14 +239,14 @@ class SequenceCache:
             if not self.evict_one(protect):
                 raise CapacityError(f"the KV pool ({self.ctx.n_ctx} cells) is full of live sessions")
 
-    def extend(self, entry: Entry, tokens: Sequence[int], want_logits: bool) -> np.ndarray | None:
-        """Append ``tokens`` to ``entry`` (its description follows each decoded chunk)."""
+    def extend(self, entry: Entry, tokens: Sequence[int], want_logits: bool, copy: bool = True) -> np.ndarray | None:
+        """Append ``tokens`` to ``entry`` (its description follows each decoded chunk); logits as :meth:`decode`."""
         logits = None
         step = self.ctx.n_batch
         for off in range(0, len(tokens), step):
             chunk = list(tokens[off : off + step])
             last = off + step >= len(tokens)
-            logits = self.decode(entry.seq, chunk, entry.cached, want_logits and last, (entry,))
+            logits = self.decode(entry.seq, chunk, entry.cached, want_logits and last, (entry,), copy)
             exact = entry.exact + len(chunk) if entry.exact >= entry.cached else entry.exact
             rotations = np.concatenate([entry.rotations, np.zeros(len(chunk), dtype=np.int32)])
             entry.set_tokens(np.concatenate([entry.tokens, np.asarray(chunk, dtype=np.int64)]), exact, rotations)

@@ -21,7 +21,7 @@ owns it). It implements :class:`~leyline_server.engines.base.SpliceBackend`:
 from __future__ import annotations
 
 import os
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -203,11 +203,21 @@ class LlamaCppEngine:
             handle.entry = None  # type: ignore[attr-defined]
             self.cache.release(entry)
 
-    def decode(self, handle: Handle, logits: Any, params: SamplingParams) -> Generator[GenerationStep, None, None]:
+    def decode(
+        self,
+        handle: Handle,
+        logits: Any,
+        params: SamplingParams,
+        delivered: Callable[[], int] | None = None,
+    ) -> Generator[GenerationStep, None, None]:
         """Yield decoded tokens after ``handle`` (whose last logits are ``logits``).
 
-        Each generated token but the last is appended to the handle's sequence; ``handle`` is
-        updated in place when the generator ends or is closed early.
+        Resuming after a step decodes its token into the handle's sequence and samples the next
+        one from the context's logits row in place (no copy unless logprobs are asked for). When
+        the generator ends or is closed, ``handle`` becomes its tokens plus the first
+        ``delivered()`` generated ones (all of them without ``delivered``): KV for tokens decoded
+        ahead of the consumer is removed again, so the sequence never holds a token the client
+        did not receive.
         """
         entry = _entry(handle)
         if entry is None and params.max_tokens:
@@ -215,12 +225,14 @@ class LlamaCppEngine:
         sampler = TokenSampler(params, self.model.n_vocab)
         stops = set(params.stop_token_ids) | set(self._info.eos_token_ids)
         generated: list[int] = []
+        row: np.ndarray | None = logits  # the prefill's copied row; later rows stay in the context
         try:
             for i in range(params.max_tokens):
-                token = sampler.sample(logits)
+                token = sampler.sample(row) if row is not None else sampler.sample_last(self.ctx)
                 step = GenerationStep(token)
                 if params.logprobs:
-                    step.logprob, step.top_logprobs = logprobs(logits, token, params.top_logprobs)
+                    row = row if row is not None else self.ctx.last_logits()
+                    step.logprob, step.top_logprobs = logprobs(row, token, params.top_logprobs)
                 generated.append(token)
                 if token in stops or i == params.max_tokens - 1:
                     step.finish_reason = "stop" if token in stops else "length"
@@ -228,11 +240,13 @@ class LlamaCppEngine:
                     return
                 yield step
                 assert entry is not None
-                logits = self.cache.extend(entry, [token], want_logits=True)
+                row = self.cache.extend(entry, [token], want_logits=True, copy=False)
         finally:
             sampler.close()
-            handle.tokens = list(handle.tokens) + generated
+            kept = generated if delivered is None else generated[: max(0, delivered())]
+            handle.tokens = list(handle.tokens) + kept
             if entry is not None:
+                self.cache.trim(entry, len(handle.tokens))
                 handle.cached, handle.exact = entry.cached, entry.exact
 
     # -- splice stages (SpliceBackend) ------------------------------------------------------------

@@ -323,6 +323,14 @@ class TokenSampler:
         L.llama_sampler_accept(self.chain, token)
         return token
 
+    def sample_last(self, ctx: LlamaContext) -> int:
+        """Pick the next token from ``ctx``'s last decoded row in place (no copy) and record it.
+
+        The same chain as :meth:`sample` applied by llama.cpp itself (``llama_sampler_sample``
+        fills the candidates and accepts the token in C): the per-token Python work is one call.
+        """
+        return int(L.llama_sampler_sample(self.chain, ctx.ptr, -1))
+
     def close(self) -> None:
         """Free the chain (and the samplers in it)."""
         if self.chain:
