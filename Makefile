@@ -65,7 +65,7 @@ test-fast: $(STAMP)
 # Every benchmark, one after the other (never two at once: they time the CPU). Tables go to
 # docs/results/<name>.md (plots next to them); about 1.5 hours on 2 cores, the real-model ones
 # (agreement, notes, replay, vs_llamacpp) most of it. One alone: $(PY) benchmarks/bench_X.py --help.
-BENCHES ?= diff sdk_turn radix rotate drift reasoning engine speed agreement notes replay vs_llamacpp
+BENCHES ?= diff sdk_turn radix rotate drift reasoning engine speed agreement notes replay vs_llamacpp idle_sessions
 bench: SHELL := /bin/bash
 bench: $(STAMP)
 	@mkdir -p docs/results

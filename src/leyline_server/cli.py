@@ -48,6 +48,11 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
         "--mem-fraction-static", type=float, default=None,
         help="size the KV pool as this fraction of the memory available at start (overrides --kv-budget-mb)",
     )  # fmt: skip
+    group.add_argument(
+        "--swap-space", type=float, default=4.0,
+        help="llama.cpp engine: GiB of host memory for the KV of idle sessions parked out of the pool "
+        "(idle sequences in the pool slow every decode); 0 keeps them in the pool",
+    )  # fmt: skip
 
 
 def _server_args(parser: argparse.ArgumentParser) -> None:
@@ -121,6 +126,13 @@ def kv_budget_mb(args: argparse.Namespace) -> float:
     return fraction * available / 2**20
 
 
+def swap_space_gb(args: argparse.Namespace) -> float:
+    """``--swap-space``, checked."""
+    if args.swap_space < 0:
+        raise ValueError("--swap-space must be 0 or more (GiB)")
+    return float(args.swap_space)
+
+
 def build_service(args: argparse.Namespace) -> Any:
     """Build the engine (:func:`~leyline_server.engines.factory.build_engine`) and wrap it in a service."""
     from leyline_server.api.service import LeylineService, ServerConfig
@@ -136,6 +148,8 @@ def build_service(args: argparse.Namespace) -> Any:
         max_context_tokens=args.context_length,
         served_name=names[0] if names else None,
         engine_args=getattr(args, "engine_args", ()),
+        prefix_cache=not args.disable_prefix_cache,
+        swap_space_gb=swap_space_gb(args),
     )
     keys = set(args.api_key) | {k.strip() for k in os.environ.get("LEYLINE_API_KEYS", "").split(",") if k.strip()}
     config = ServerConfig(

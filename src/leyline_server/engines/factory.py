@@ -34,12 +34,15 @@ def build_engine(
     served_name: str | None = None,
     engine_args: Sequence[str] = (),
     prefix_cache: bool = True,
+    swap_space_gb: float = 4.0,
 ) -> tuple[Any, Any]:
     """(engine implementing :class:`~leyline_server.engines.base.Engine`, its tokenizer).
 
     Raises ``ValueError`` for an unknown engine or model, ``ImportError`` (with the install
     command) when the engine's optional extra is missing. ``engine_args``: the sglang engine's
     command line (SGLang's flags, model path included); the other engines ignore it.
+    ``swap_space_gb``: host memory the llama.cpp engine parks idle sequences in (the others
+    ignore it: their decode reads only the request's own KV).
     """
     if engine == "embedded":
         import torch
@@ -74,6 +77,7 @@ def build_engine(
             name=served_name or model,
             max_context_tokens=max_context_tokens,
             prefix_cache=prefix_cache,
+            park_budget_mb=swap_space_gb * 1024,
         )
     if engine in _EXTRAS:
         raise ImportError(f"the {engine} engine needs its extra: {_EXTRAS[engine]}")

@@ -14,6 +14,13 @@ while the splicing entry gets a private copy made through the state API.
 
 **Privacy.** Exact KV (``[0, exact)``) is matched by every request with the same salt; KV past
 ``exact`` (rotated, or computed after a rotation) only by requests carrying the entry's private tag.
+
+**Parking.** llama.cpp's decode attends over every cell of the pool up to the highest one in use,
+whatever sequence holds it, so idle entries slow every decode. An entry can be *parked*: its
+cells are serialised to host memory (the state API) and removed from the pool; it stays
+matchable, and is restored (``unpark``) or copied into another sequence (``restore_prefix``)
+when used. Parked bytes are bounded by ``park_budget``; when to park is
+:mod:`~leyline_server.engines.llamacpp.parking`'s decision.
 """
 
 from __future__ import annotations
@@ -42,11 +49,18 @@ class Entry:
     pinned: bool = True
     used: int = 0
     links: dict[Entry, int] = field(default_factory=dict)
+    blob: np.ndarray | None = None  # the KV while parked out of the pool
+    busy: int = 0  # decode streams in flight on this entry (never parked meanwhile)
 
     @property
     def cached(self) -> int:
-        """Tokens with KV in the sequence."""
+        """Tokens with KV (in the pool, or in ``blob`` while parked)."""
         return len(self.tokens)
+
+    @property
+    def resident(self) -> bool:
+        """Whether the entry's cells are in the pool (an empty entry counts as resident)."""
+        return self.blob is None
 
     def set_tokens(self, tokens: Sequence[int] | np.ndarray, exact: int, rotations: np.ndarray | None = None) -> None:
         """Replace the entry's description (after a splice or an extension)."""
@@ -68,8 +82,10 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 class SequenceCache:
     """The entries of one context; sequence ids ``[reserved, n_seq_max)`` hold entries."""
 
-    def __init__(self, ctx: LlamaContext, reserved: int) -> None:
+    def __init__(self, ctx: LlamaContext, reserved: int, park_budget: int = 0) -> None:
         self.ctx = ctx
+        self.park_budget = park_budget  # bytes of host memory parked entries may take
+        self.parked_bytes = 0
         self.entries: dict[int, Entry] = {}
         self._free = list(range(ctx.config.n_seq_max - 1, reserved - 1, -1))
         self._clock = itertools.count(1)
@@ -114,23 +130,118 @@ class SequenceCache:
         self.touch(entry)
         return entry
 
-    def evict_one(self, protect: Collection[Entry] = ()) -> bool:
-        """Drop the least recently used unpinned entry not in ``protect``; ``False`` if there is none."""
-        candidates = [e for e in self.entries.values() if not e.pinned and e not in protect]
+    def evict_one(self, protect: Collection[Entry] = (), cells: bool = False) -> bool:
+        """Drop the least recently used unpinned entry not in ``protect``; ``False`` if there is none.
+
+        ``cells``: only entries holding cells in the pool count (making room for KV).
+        """
+        candidates = [
+            e
+            for e in self.entries.values()
+            if not e.pinned and not e.busy and e not in protect and (not cells or (e.resident and e.cached))
+        ]
         if not candidates:
             return False
         self.drop(min(candidates, key=lambda e: e.used))
         return True
 
+    def make_room(self, protect: Collection[Entry] = ()) -> bool:
+        """Free cells: evict an unpinned entry, else park an idle pinned one; ``False`` if neither can be done."""
+        if self.evict_one(protect, cells=True):
+            return True
+        idle = [e for e in self.entries.values() if e.resident and e.cached and not e.busy and e not in protect]
+        return any(self.park(e, protect) for e in sorted(idle, key=lambda e: e.used))
+
     def drop(self, entry: Entry) -> None:
-        """Remove ``entry``'s sequence from the pool and forget it."""
+        """Remove ``entry``'s sequence from the pool (or its parked KV) and forget it."""
         self.ctx.seq_rm(entry.seq)
-        for other in entry.links:
-            other.links.pop(entry, None)
-        entry.links.clear()
+        self._unlink(entry)
+        self._free_blob(entry)
         entry.set_tokens([], 0)
         del self.entries[entry.seq]
         self._free.append(entry.seq)
+
+    # -- parking ----------------------------------------------------------------------------------
+    def park(self, entry: Entry, protect: Collection[Entry] = ()) -> bool:
+        """Move ``entry``'s KV out of the pool into host memory; ``False`` if the budget cannot hold it.
+
+        Parked unpinned entries not in ``protect`` are dropped (least recently used first) to make
+        budget room. Cells ``entry`` shared with other entries stay in the pool for them.
+        """
+        if not entry.resident or entry.busy or not entry.cached or self.ctx.shift_pending:
+            return False  # (with a shift pending the serialised keys would be stale: settle() first)
+        need = self.ctx.state_size(entry.seq)
+        while self.parked_bytes + need > self.park_budget:
+            parked = [e for e in self.entries.values() if not e.resident and not e.pinned and e not in protect]
+            if not parked:
+                return False
+            self.drop(min(parked, key=lambda e: e.used))
+        entry.blob = self.ctx.state_get(entry.seq)
+        self.parked_bytes += entry.blob.nbytes
+        self.ctx.seq_rm(entry.seq)
+        self._unlink(entry)
+        return True
+
+    def unpark(self, entry: Entry, protect: Collection[Entry] = ()) -> None:
+        """Bring a parked entry's KV back into its sequence (making room if needed)."""
+        if entry.resident:
+            return
+        assert entry.blob is not None
+        self._restore(entry.blob, entry.seq, (entry, *protect))
+        self._free_blob(entry)
+
+    def restore_prefix(self, src: Entry, dst: Entry, n: int, protect: Collection[Entry] = ()) -> None:
+        """Make empty ``dst`` hold a private copy of parked ``src``'s first ``n`` tokens."""
+        assert src.blob is not None
+        self._restore(src.blob, dst.seq, (src, dst, *protect))
+        self.ctx.seq_rm(dst.seq, n, -1)
+        dst.set_tokens(src.tokens[:n], min(src.exact, n), src.rotations)
+
+    def restore_range(self, src: Entry, dst_seq: int, p0: int, p1: int, protect: Collection[Entry] = ()) -> None:
+        """Make the empty ``dst_seq`` hold a copy of parked ``src``'s cells at positions ``[p0, p1)``."""
+        assert src.blob is not None
+        self._restore(src.blob, dst_seq, (src, *protect))
+        self.ctx.seq_rm(dst_seq, p1, -1)
+        if p0:
+            self.ctx.seq_rm(dst_seq, 0, p0)
+
+    def compact(self, entry: Entry) -> None:
+        """Re-place ``entry``'s cells at the bottom of the pool; no other entry may hold cells.
+
+        Decode cost follows the highest cell index in use, so after the others were parked the
+        entry's cells are moved down: serialised, the pool cleared, restored from index 0.
+        """
+        if any(e.resident and e.cached for e in self.entries.values() if e is not entry) or self.ctx.shift_pending:
+            raise AssertionError("compact() needs every other entry parked and no shift pending")
+        if not entry.cached:
+            self.ctx.clear()
+            return
+        blob = self.ctx.state_get(entry.seq)
+        self.ctx.clear()
+        if not self.ctx.state_set(blob, entry.seq):
+            raise RuntimeError("llama.cpp could not restore a sequence into an empty pool")
+
+    def settle(self, scratch: int) -> None:
+        """Apply pending key re-rotations now (one token decoded in the empty ``scratch`` sequence)."""
+        if self.ctx.shift_pending:
+            self.ctx.seq_rm(scratch)
+            self.decode_batch([(scratch, 0, 0)], want_logits=False)
+            self.ctx.seq_rm(scratch)
+
+    def _restore(self, blob: np.ndarray, seq: int, protect: Collection[Entry]) -> None:
+        while not self.ctx.state_set(blob, seq):
+            if not self.make_room(protect):
+                raise CapacityError("no room in the KV pool to restore a parked sequence")
+
+    def _free_blob(self, entry: Entry) -> None:
+        if entry.blob is not None:
+            self.parked_bytes -= entry.blob.nbytes
+            entry.blob = None
+
+    def _unlink(self, entry: Entry) -> None:
+        for other in entry.links:
+            other.links.pop(entry, None)
+        entry.links.clear()
 
     def release(self, entry: Entry) -> None:
         """Unpin ``entry``: it stays as evictable cache (an empty one is dropped)."""
@@ -158,7 +269,12 @@ class SequenceCache:
             b.links.pop(a, None)
 
     def trim(self, entry: Entry, n: int) -> None:
-        """Keep only ``entry``'s first ``n`` tokens."""
+        """Keep only ``entry``'s first ``n`` tokens (a parked entry is restored first, unless ``n`` is 0)."""
+        if not entry.resident:
+            if n == 0:
+                self._free_blob(entry)
+            else:
+                self.unpark(entry)
         if n < entry.cached:
             self.ctx.seq_rm(entry.seq, n, -1)
             entry.set_tokens(entry.tokens[:n], entry.exact, entry.rotations)
@@ -199,7 +315,7 @@ class SequenceCache:
         blob = self.ctx.state_get(scratch)
         self.ctx.seq_rm(scratch)
         while not self.ctx.state_set(blob, scratch):
-            if not self.evict_one(protect):
+            if not self.make_room(protect):
                 raise CapacityError(f"no room to copy {p1 - p0} KV cells")
 
     # -- decoding ---------------------------------------------------------------------------------
@@ -236,7 +352,7 @@ class SequenceCache:
                 return
             if rc != 1:
                 raise RuntimeError(f"llama_decode failed (return code {rc})")
-            if not self.evict_one(protect):
+            if not self.make_room(protect):
                 raise CapacityError(f"the KV pool ({self.ctx.n_ctx} cells) is full of live sessions")
 
     def extend(self, entry: Entry, tokens: Sequence[int], want_logits: bool, copy: bool = True) -> np.ndarray | None:

@@ -40,6 +40,7 @@ from leyline_server.engines.base import (
 )
 from leyline_server.engines.llamacpp.cache import Entry, SequenceCache
 from leyline_server.engines.llamacpp.lib import ContextConfig, LlamaContext, LlamaModel, TokenSampler, logprobs
+from leyline_server.engines.llamacpp.parking import ParkingPolicy, focus
 from leyline_server.engines.llamacpp.stage import Stage, canary_keys, move_block, prepare
 
 __all__ = ["LlamaCppEngine", "SeqHandle", "CANARY_TOLERANCE", "SCRATCH", "COPY", "CANARY_SEQS"]
@@ -80,6 +81,9 @@ class LlamaCppEngine:
     ``rotation_budget``: how often one cell's key may be rotated before splices touching it are
     refused (``drift_budget``); ``canary_tolerance``: the largest relative layer-0 key error a
     splice may show (by KV dtype). ``prefix_cache=False``: every prefill starts from scratch.
+    ``park_budget``: bytes of host memory for the KV of idle sequences parked out of the pool
+    (0: never park; see :mod:`.parking`), ``park_threshold``: the decode slowdown idle sequences
+    may cause before they are parked.
     """
 
     def __init__(
@@ -95,12 +99,16 @@ class LlamaCppEngine:
         name: str = "model",
         max_context_tokens: int | None = None,
         prefix_cache: bool = True,
+        park_budget: int = 4 << 30,
+        park_threshold: float = 0.05,
     ) -> None:
         n_threads, n_threads_batch = threads or _threads()
         config = ContextConfig(n_ctx, n_seq_max, 512, n_threads, n_threads_batch, kv_type, flash_attn)
         self.model = model
         self.ctx = LlamaContext(model, config)
-        self.cache = SequenceCache(self.ctx, _RESERVED)
+        self.cache = SequenceCache(self.ctx, _RESERVED, park_budget)
+        cell_bytes = model.n_layer * model.kv_row * (4 if kv_type == "float32" else 2)
+        self.parking = ParkingPolicy(model.size_bytes, cell_bytes, park_threshold)
         self.kv_type = kv_type
         self.rotation_budget = rotation_budget
         self.canary_tolerance = CANARY_TOLERANCE.get(kv_type, 2e-2)
@@ -127,11 +135,7 @@ class LlamaCppEngine:
         return self._info
 
     def drop_idle(self) -> int:
-        """Evict every unpinned entry; how many went.
-
-        llama.cpp's unified pool attends over every used cell at each decode (whatever the
-        sequence), so idle cached sessions slow everyone down; benchmarks start from a clean pool.
-        """
+        """Evict every unpinned entry, resident or parked; how many went (benchmarks start from a clean pool)."""
         dropped = 0
         while self.cache.evict_one():
             dropped += 1
@@ -152,16 +156,22 @@ class LlamaCppEngine:
         if best is not None and (best is previous or (not best.pinned and (n == best.cached or _own(best, scope)))):
             # take the sequence over: the caller's own, a cache entry used whole, or an old branch of
             # the same session (its tail would only widen every decode's attention window)
-            cache.trim(best, n)
+            cache.trim(best, n)  # (a parked one comes back first)
             best.pinned = True
             return best, n, exact, False
         if previous is not None and best is None:
             cache.trim(previous, 0)
             return previous, 0, 0, False
         entry = cache.new_entry(scope, protect=(best,) if best is not None else ())
-        if best is not None:
+        if best is not None and best.resident:
             cache.share(best, entry, n)
+        elif best is not None:
+            cache.restore_prefix(best, entry, n)  # a private copy; the parked entry stays parked
         return entry, n, exact, True
+
+    def _focus(self, entry: Entry) -> None:
+        """Before computing for ``entry``: it is resident, idle sequences that would slow it are parked."""
+        focus(self.cache, entry, self.parking, CANARY_SEQS[-1])
 
     def prefill(self, tokens: Sequence[int], scope: CacheScope = SHARED, previous: Handle | None = None) -> Prefilled:
         """Cache ``tokens`` reusing the longest prefix visible in ``scope``; ``state`` = last logits.
@@ -180,6 +190,7 @@ class LlamaCppEngine:
         entry.scope = scope
         entry.set_tokens(entry.tokens, reused if pinned_exact else exact, entry.rotations)
         try:
+            self._focus(entry)
             logits = self.cache.extend(entry, tokens[reused:], want_logits=True)
         except BaseException:
             if new:
@@ -226,6 +237,9 @@ class LlamaCppEngine:
         stops = set(params.stop_token_ids) | set(self._info.eos_token_ids)
         generated: list[int] = []
         row: np.ndarray | None = logits  # the prefill's copied row; later rows stay in the context
+        if entry is not None:
+            self.cache.unpark(entry)
+            entry.busy += 1  # not parked while this stream decodes into it
         try:
             for i in range(params.max_tokens):
                 token = sampler.sample(row) if row is not None else sampler.sample_last(self.ctx)
@@ -246,6 +260,7 @@ class LlamaCppEngine:
             kept = generated if delivered is None else generated[: max(0, delivered())]
             handle.tokens = list(handle.tokens) + kept
             if entry is not None:
+                entry.busy -= 1
                 self.cache.trim(entry, len(handle.tokens))
                 handle.cached, handle.exact = entry.cached, entry.exact
 
@@ -263,6 +278,7 @@ class LlamaCppEngine:
         if entry is None:
             entry = self.cache.new_entry(handle.scope)
             return Stage(handle, entry, 0, owned=True)
+        self._focus(entry)
         self.cache.unshare_after(entry, keep, COPY)
         return Stage(handle, entry, keep)
 
@@ -331,9 +347,15 @@ class LlamaCppEngine:
             handle.cached, handle.exact = stage.entry.cached, stage.entry.exact
 
     def check(self, handle: Handle) -> None:
-        """Tests: the handle's sequence holds exactly positions ``[0, cached)``."""
+        """Tests: the handle's sequence holds exactly positions ``[0, cached)`` (or, parked, none)."""
         entry = _entry(handle)
         cached = entry.cached if entry is not None else 0
+        if entry is not None and not entry.resident:
+            if self.ctx.pos_max(entry.seq) != -1:
+                raise AssertionError(f"parked sequence {entry.seq} still holds cells")
+            if handle.cached != entry.cached:
+                raise AssertionError(f"handle says {handle.cached} cached tokens, the parked entry {entry.cached}")
+            return
         if entry is not None and self.ctx.pos_max(entry.seq) != cached - 1:
             raise AssertionError(f"sequence {entry.seq} ends at {self.ctx.pos_max(entry.seq)}, expected {cached - 1}")
         if handle.cached != cached:

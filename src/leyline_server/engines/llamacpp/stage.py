@@ -89,7 +89,10 @@ def move_block(cache: SequenceCache, stage: Stage, source: Entry, run: KeptRun, 
     """Place a copy of ``source``'s cells ``[old_start, old_end)`` at ``new_start`` of the stage."""
     ctx = cache.ctx
     n = run.old_end - run.old_start
-    cache.copy_cells(source.seq, run.old_start, run.old_end, scratch, protect=(source,))
+    if source.resident:
+        cache.copy_cells(source.seq, run.old_start, run.old_end, scratch, protect=(source, stage.entry))
+    else:  # a parked block: its serialised cells go straight into the scratch sequence
+        cache.restore_range(source, scratch, run.old_start, run.old_end, protect=(stage.entry,))
     if run.shift:
         ctx.seq_add(scratch, run.old_start, run.old_end, run.shift)
     ctx.seq_cp(scratch, stage.entry.seq, run.new_start, run.new_start + n)
