@@ -163,3 +163,19 @@ def test_a_few_idle_cells_are_left_in_the_pool_many_are_parked(tiny1):
     assert policy.slowdown(len(BASE) + 8, 20) > policy.threshold and not big.entry.resident
     for h in (small, big, c):
         eng.check(h)
+
+
+def test_a_sequence_being_spliced_is_never_parked_to_make_room(tiny1):
+    eng = engine(tiny1)
+    a = prefill(eng, BASE[:200], scope=A)[0]
+    stage = eng.begin(a, 50)
+    assert a.entry.busy == 1
+    assert not eng.cache.make_room()  # the only sequence in the pool is at work: nothing to park
+    assert a.entry.resident
+    eng.abort(stage)
+    assert a.entry.busy == 0 and eng.cache.make_room() and not a.entry.resident  # idle now: it may go
+    stage = eng.begin(a, 200)  # (comes back first)
+    a = eng.commit(stage, BASE[:200], 200, previous=a)
+    assert a.entry.busy == 0
+    logits = prefill(eng, BASE[:200] + QUERY, previous=a, scope=A)[1]
+    assert max_diff(logits, fresh_logits(tiny1, BASE[:200] + QUERY)) < 1e-4

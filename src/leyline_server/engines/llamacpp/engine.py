@@ -277,9 +277,15 @@ class LlamaCppEngine:
         entry = _entry(handle)
         if entry is None:
             entry = self.cache.new_entry(handle.scope)
+            entry.busy += 1
             return Stage(handle, entry, 0, owned=True)
         self._focus(entry)
-        self.cache.unshare_after(entry, keep, COPY)
+        entry.busy += 1  # never parked to make room while the splice works on it
+        try:
+            self.cache.unshare_after(entry, keep, COPY)
+        except BaseException:
+            entry.busy -= 1
+            raise
         return Stage(handle, entry, keep)
 
     def move(self, stage: Stage, handle: Handle, runs: Sequence[KeptRun]) -> None:
@@ -322,7 +328,10 @@ class LlamaCppEngine:
 
     def commit(self, stage: Stage, tokens: Sequence[int], exact: int, previous: Handle) -> SeqHandle:
         """Describe the staged sequence as ``tokens`` under ``previous``'s scope; ``previous`` is consumed."""
-        prepare(self.cache, stage, ())
+        try:
+            prepare(self.cache, stage, ())
+        finally:
+            stage.unhold()
         entry = stage.entry
         n = min(len(tokens), self.ctx.pos_max(entry.seq) + 1)
         entry.set_tokens(list(tokens[:n]), exact, stage.rotations(n))
@@ -336,6 +345,7 @@ class LlamaCppEngine:
 
     def abort(self, stage: Stage) -> None:
         """Undo what cannot be kept: the sequence is cut back to ``keep`` (the handle says so)."""
+        stage.unhold()
         for seq in (SCRATCH, COPY, *CANARY_SEQS):
             self.ctx.seq_rm(seq)
         if stage.owned:

@@ -37,10 +37,17 @@ class Stage:
     keep: int
     owned: bool = False
     prepared: bool = False
+    held: bool = True  # ``entry.busy`` counts this stage until commit or abort
     _rotations: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
 
     def __post_init__(self) -> None:
         self._rotations = self.entry.rotations[: self.keep].astype(np.int32).copy()
+
+    def unhold(self) -> None:
+        """The splice is over: the entry may be parked again (once, whatever path ends the stage)."""
+        if self.held:
+            self.entry.busy -= 1
+            self.held = False
 
     def set_rotations(self, at: int, values: np.ndarray) -> None:
         """Record the rotation counts of new positions ``[at, at + len(values))``."""
