@@ -25,24 +25,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_vs_llamacpp import N_CTX, PlainLlama, Scenario  # noqa: E402
+from bench_vs_llamacpp import N_CTX, Leyline, PlainLlama, Scenario  # noqa: E402
 
 THREADS = (1, os.cpu_count() or 2)
 
 
 async def turn_speed(engine: Any, prompt: list[int], scope: Any, steps: int) -> tuple[float, float]:
     """(seconds to the first token, decode tok/s) of one turn of a new session."""
-    from leyline_server.engines.base import SamplingParams
-
-    params = SamplingParams(max_tokens=steps + 1, logit_bias={t: -100.0 for t in engine.info.eos_token_ids})
-    started = time.perf_counter()
-    turn = await engine.start_turn(prompt, scope, None, None)
-    stream = engine.stream(turn, params)
-    await anext(stream)
-    first = time.perf_counter() - started
-    started = time.perf_counter()
-    n = sum([1 async for _ in stream])
-    rate = n / (time.perf_counter() - started)
+    turn, first, rate = await Leyline("Leyline on llama.cpp", engine).turn(prompt, scope, None, None, steps + 1)
     engine.release(turn.handle)
     return first, rate
 

@@ -125,7 +125,8 @@ class Leyline:
         self._n += 1  # a salt per measurement: no run reuses exact KV another run computed
         return CacheScope(salt=f"run{self._n}", private=f"s{self._n}")
 
-    async def _turn(self, prompt: list[int], scope: Any, handle: Any, request: Any, steps: int = 1) -> tuple:
+    async def turn(self, prompt: list[int], scope: Any, handle: Any, request: Any, steps: int = 1) -> tuple:
+        """(the turn, seconds to its first token, decode tok/s of the rest) for ``steps`` greedy tokens."""
         from leyline_server.engines.base import SamplingParams
 
         eos = self.engine.info.eos_token_ids
@@ -151,10 +152,10 @@ class Leyline:
 
         self._drop_idle()
         scope = self._scope()
-        turn, _, _ = await self._turn(base, scope, None, None)
+        turn, _, _ = await self.turn(base, scope, None, None)
         edit = directive.model_copy(update={"mode": type(directive.mode)(mode)})
         request = SpliceRequest([edit], prompt=prompt)
-        turn, seconds, _ = await self._turn(prompt, scope, turn.handle, request)
+        turn, seconds, _ = await self.turn(prompt, scope, turn.handle, request)
         if turn.report is None or turn.report.fallback is not None:
             raise RuntimeError(f"{self.name}: the splice fell back: {turn.report}")
         self.engine.release(turn.handle)
@@ -163,7 +164,7 @@ class Leyline:
     async def throughput(self, prompt: list[int], steps: int) -> tuple[float, float]:
         """(prefill tok/s from an empty cache, greedy decode tok/s) of one request."""
         self._drop_idle()  # an empty cache, as plain llama.cpp's reset() gives it
-        turn, first, decode = await self._turn(prompt, self._scope(), None, None, steps + 1)
+        turn, first, decode = await self.turn(prompt, self._scope(), None, None, steps + 1)
         self.engine.release(turn.handle)
         return len(prompt) / first, decode
 

@@ -41,13 +41,6 @@ RUN_AHEAD = 16  # decode steps a stream may compute before its consumer takes th
 _MORE = object()  # a run-ahead job gave the thread up: the consumer queues the next one
 
 
-class _Failed:
-    """An exception raised by a run-ahead step, carried to the consumer."""
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-
-
 class Worker:
     """A single engine thread: ``call`` (await a job), ``submit`` (fire and forget), ``run_ahead``."""
 
@@ -116,7 +109,7 @@ class Worker:
                         self._queue(run)
                         return
                 except BaseException as exc:  # noqa: BLE001 - handed to the consumer
-                    put(_Failed(exc))
+                    put(exc)
                     return
             if not stopped.is_set():
                 put(_MORE)  # every step so far is in ``out``: the consumer restarts the run
@@ -131,8 +124,8 @@ class Worker:
                     continue
                 if item is None:
                     return
-                if isinstance(item, _Failed):
-                    raise item.exc
+                if isinstance(item, BaseException):
+                    raise item
                 yield item
                 if last(item):
                     return

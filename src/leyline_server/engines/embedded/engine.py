@@ -238,8 +238,9 @@ class EmbeddedEngine:
             n = len(generated) if delivered is None else min(max(0, delivered()), len(generated))
             for extra in fresh[n:]:
                 self.free(extra)
+            kept = fresh[:n]
             tokens = pinned.tokens + generated[:n]
-            slots = torch.cat([context, *fresh[:n]]) if fresh[:n] else context
+            slots = torch.cat([context, *kept]) if kept else context
             exact = _exact_after(pinned.exact, pinned.cached, len(slots))
             new = self._commit(tokens, slots, pinned.scope, exact, previous=pinned)
             pinned.tokens, pinned.cached, pinned.exact = new.tokens, new.cached, new.exact

@@ -192,9 +192,7 @@ class SequenceCache:
 
     def restore_prefix(self, src: Entry, dst: Entry, n: int, protect: Collection[Entry] = ()) -> None:
         """Make empty ``dst`` hold a private copy of parked ``src``'s first ``n`` tokens."""
-        assert src.blob is not None
-        self._restore(src.blob, dst.seq, (src, dst, *protect))
-        self.ctx.seq_rm(dst.seq, n, -1)
+        self.restore_range(src, dst.seq, 0, n, (dst, *protect))
         dst.set_tokens(src.tokens[:n], min(src.exact, n), src.rotations)
 
     def restore_range(self, src: Entry, dst_seq: int, p0: int, p1: int, protect: Collection[Entry] = ()) -> None:

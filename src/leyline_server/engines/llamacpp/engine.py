@@ -107,8 +107,7 @@ class LlamaCppEngine:
         self.model = model
         self.ctx = LlamaContext(model, config)
         self.cache = SequenceCache(self.ctx, _RESERVED, park_budget)
-        cell_bytes = model.n_layer * model.kv_row * (4 if kv_type == "float32" else 2)
-        self.parking = ParkingPolicy(model.size_bytes, cell_bytes, park_threshold)
+        self.parking = ParkingPolicy(model.size_bytes, model.cell_bytes(kv_type), park_threshold)
         self.kv_type = kv_type
         self.rotation_budget = rotation_budget
         self.canary_tolerance = CANARY_TOLERANCE.get(kv_type, 2e-2)
@@ -276,17 +275,15 @@ class LlamaCppEngine:
         """A stage on ``handle``'s own sequence that keeps its first ``keep`` tokens where they are."""
         entry = _entry(handle)
         if entry is None:
-            entry = self.cache.new_entry(handle.scope)
-            entry.busy += 1
-            return Stage(handle, entry, 0, owned=True)
+            return Stage(handle, self.cache.new_entry(handle.scope), 0, owned=True)
         self._focus(entry)
-        entry.busy += 1  # never parked to make room while the splice works on it
+        stage = Stage(handle, entry, keep)  # holds the entry: never parked to make room meanwhile
         try:
             self.cache.unshare_after(entry, keep, COPY)
         except BaseException:
-            entry.busy -= 1
+            stage.unhold()
             raise
-        return Stage(handle, entry, keep)
+        return stage
 
     def move(self, stage: Stage, handle: Handle, runs: Sequence[KeptRun]) -> None:
         """Move kept ``runs`` of the stage's own sequence, or place a copy of another handle's (a block)."""

@@ -83,6 +83,10 @@ class LlamaModel:
         self.kv_row = (head_k + head_v) * int(L.llama_model_n_head_kv(self.ptr))  # K+V elements per layer
         self.size_bytes = int(L.llama_model_size(self.ptr))  # the weights every decode step reads
 
+    def cell_bytes(self, kv_type: str) -> int:
+        """KV bytes one cache cell takes over all layers with ``kv_type`` (float32, float16, bfloat16)."""
+        return self.n_layer * self.kv_row * (4 if kv_type == "float32" else 2)
+
     def meta(self, key: str) -> str | None:
         """A GGUF metadata value as a string (``None`` if absent)."""
         buf = ctypes.create_string_buffer(1 << 16)
@@ -182,13 +186,6 @@ class LlamaContext:
         n = len(entries)
         if not 0 < n <= self.n_batch:
             raise ValueError(f"a batch holds 1..{self.n_batch} tokens, not {n}")
-        rc = self._decode(entries, want_logits)
-        if rc == 0:
-            self.shift_pending = False  # llama.cpp re-rotated every moved key first
-        return rc
-
-    def _decode(self, entries: Sequence[tuple[int, int, int]], want_logits: bool) -> int:
-        n = len(entries)
         batch = self._batch
         for i, (seq, token, pos) in enumerate(entries):
             batch.seq_id[i][0] = seq
@@ -197,7 +194,10 @@ class LlamaContext:
         self._logits[:n] = 0
         self._logits[n - 1] = 1 if want_logits else 0
         batch.n_tokens = n
-        return int(L.llama_decode(self.ptr, batch))
+        rc = int(L.llama_decode(self.ptr, batch))
+        if rc == 0:
+            self.shift_pending = False  # llama.cpp re-rotated every moved key first
+        return rc
 
     def last_logits(self) -> np.ndarray:
         """A float32 copy of the last decoded output row."""
@@ -238,10 +238,9 @@ class LlamaContext:
             raise RuntimeError(f"llama_state_seq_get_data wrote {written} of {n} bytes")
         return buf
 
-    def state_set(self, blob: np.ndarray | bytes, seq: int) -> bool:
-        """Restore ``blob`` into fresh cells of ``seq`` (emptied first); ``False`` if no room."""
-        data = np.frombuffer(blob, dtype=np.uint8) if isinstance(blob, bytes) else np.ascontiguousarray(blob)
-        return bool(L.llama_state_seq_set_data(self.ptr, data.ctypes.data_as(_U8P), len(data), seq))
+    def state_set(self, blob: np.ndarray, seq: int) -> bool:
+        """Restore a :meth:`state_get` blob into fresh cells of ``seq`` (emptied first); ``False`` if no room."""
+        return bool(L.llama_state_seq_set_data(self.ptr, blob.ctypes.data_as(_U8P), len(blob), seq))
 
     def clear(self) -> None:
         """Empty the whole pool (every sequence); new cells are then placed from index 0 again."""
@@ -255,7 +254,7 @@ class LlamaContext:
             self.ptr = None
 
 
-def layer0_keys(blob: np.ndarray | bytes) -> tuple[np.ndarray, np.ndarray]:
+def layer0_keys(blob: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(positions, float32 layer-0 key rows) of a sequence-state blob, in cell order.
 
     Parses the format of this llama.cpp version (plain KV cache, one stream); anything else —
@@ -263,7 +262,7 @@ def layer0_keys(blob: np.ndarray | bytes) -> tuple[np.ndarray, np.ndarray]:
     ``ValueError`` (the canary then reports itself unavailable).
     """
     off = 0
-    raw = blob.data if isinstance(blob, np.ndarray) else memoryview(blob)
+    raw = blob.data
 
     def read(fmt: str) -> Any:
         nonlocal off

@@ -52,8 +52,7 @@ def resolve_gguf(model: str, layers: int = 2) -> Path:
 
 def kv_cells(model: LlamaModel, kv_budget_mb: float, kv_type: str) -> int:
     """KV cells that fit ``kv_budget_mb`` MiB (a multiple of 256, at least 256)."""
-    per_cell = model.n_layer * model.kv_row * (4 if kv_type == "float32" else 2)
-    cells = int(kv_budget_mb * 2**20 // max(per_cell, 1))
+    cells = int(kv_budget_mb * 2**20 // max(model.cell_bytes(kv_type), 1))
     return max(MIN_CELLS, cells // 256 * 256)
 
 

@@ -42,6 +42,7 @@ class Stage:
 
     def __post_init__(self) -> None:
         self._rotations = self.entry.rotations[: self.keep].astype(np.int32).copy()
+        self.entry.busy += 1
 
     def unhold(self) -> None:
         """The splice is over: the entry may be parked again (once, whatever path ends the stage)."""
