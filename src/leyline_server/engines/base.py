@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
     from leyline_sdk.directives import Directive, KeptRun
@@ -40,6 +40,8 @@ __all__ = [
     "SHARED",
     "CanaryResult",
     "CapacityError",
+    "Constraint",
+    "ConstraintError",
     "Engine",
     "GenerationStep",
     "Handle",
@@ -97,8 +99,42 @@ class Handle:
     scope: CacheScope
 
 
+class ConstraintError(ValueError):
+    """A :class:`Constraint` the engine's grammar backend cannot compile (the message says why)."""
+
+
+class Constraint(BaseModel):
+    """What the output must match, in the terms of xgrammar (SGLang's default grammar backend).
+
+    ``kind`` and ``value``:
+
+    * ``json_schema``: a JSON schema, as JSON text (OpenAI's ``json_object`` is ``{"type": "object"}``);
+    * ``regex``: a regular expression the whole output matches;
+    * ``ebnf``: an EBNF grammar with a ``root`` rule (xgrammar's dialect, as SGLang's ``ebnf``);
+    * ``structural_tag``: an xgrammar structural tag, ``{"type": "structural_tag", "format": ...}``
+      as JSON text (forced tool calls: the call markers, the function names, the arguments' schema).
+
+    The embedded and llama.cpp engines compile it with xgrammar and mask the logits row before each
+    sampling step; the SGLang engine hands it to SGLang's own sampling parameters of the same names.
+    Once the grammar is complete only the model's end-of-sequence tokens are allowed, and reaching
+    its end stops generation (also with ``ignore_eos``).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["json_schema", "regex", "ebnf", "structural_tag"]
+    value: str
+
+
 class SamplingParams(BaseModel):
-    """Decoding parameters (OpenAI semantics: temperature 0 is greedy)."""
+    """Decoding parameters (OpenAI semantics: temperature 0 is greedy; SGLang's for its extra fields).
+
+    ``top_k`` 0 keeps every token; ``min_p`` drops tokens below ``min_p`` times the most likely
+    one's probability (after temperature); ``repetition_penalty`` divides the positive logits (and
+    multiplies the negative ones) of tokens generated so far; ``min_tokens`` forbids the stop
+    tokens until that many tokens exist; ``ignore_eos`` keeps decoding past the model's
+    end-of-sequence tokens (``stop_token_ids`` still stop).
+    """
 
     max_tokens: int = Field(default=16, ge=0)
     temperature: float = Field(default=0.0, ge=0.0, le=2.0)
@@ -110,6 +146,12 @@ class SamplingParams(BaseModel):
     logit_bias: dict[int, float] = Field(default_factory=dict)
     logprobs: bool = False
     top_logprobs: int = Field(default=0, ge=0, le=20)
+    top_k: int = Field(default=0, ge=0)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0)
+    min_tokens: int = Field(default=0, ge=0)
+    ignore_eos: bool = False
+    constraint: Constraint | None = None
 
 
 class TokenLogprob(NamedTuple):
@@ -240,6 +282,10 @@ class Engine(Protocol):
         ``session`` is consumed unless ``SpliceError`` (strict) is raised; after any other error
         (``CapacityError``) it has been released.
         """
+        ...
+
+    async def check_constraint(self, constraint: Constraint) -> None:
+        """Raise :class:`ConstraintError` unless ``constraint`` can be compiled (before a turn starts)."""
         ...
 
     def stream(self, turn: Turn, params: SamplingParams) -> AsyncGenerator[GenerationStep, None]:

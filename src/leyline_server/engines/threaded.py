@@ -12,6 +12,12 @@ gone, stop string, cancelled request) stops the run after the current step; the 
 generator is then closed on the worker thread and commits only the steps the consumer received
 (the KV of steps decoded ahead is dropped again). :class:`ThreadedEngine` puts a synchronous core
 behind :class:`~leyline_server.engines.base.Engine`: a turn's splice + prefill is one job.
+
+Constrained decoding (``engines.grammar``) runs inside the decode generator as a logits processor:
+the grammar advances on every token the generator samples, decoded ahead or not, and is dropped
+with the generator when the turn ends. What is committed is the delivered prefix, which the
+grammar accepted first; nothing of a grammar outlives its turn, so a later turn (after a splice or
+not) starts from the grammar's beginning exactly like a fresh request.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from typing import Any, TypeVar
 
 from leyline_server.engines.base import (
     CacheScope,
+    Constraint,
+    ConstraintError,
     GenerationStep,
     Handle,
     ModelInfo,
@@ -32,6 +40,8 @@ from leyline_server.engines.base import (
     SpliceRequest,
     Turn,
 )
+from leyline_server.engines.grammar import GrammarBackend
+from leyline_server.engines.logits import LogitsProcessor, Processors, SuppressUntil
 from leyline_server.splice import SpliceReport, splice
 
 __all__ = ["Worker", "ThreadedEngine", "RUN_AHEAD"]
@@ -142,14 +152,41 @@ class ThreadedEngine:
     """A synchronous engine core on its own thread, as an :class:`~leyline_server.engines.base.Engine`.
 
     ``core`` implements :class:`~leyline_server.engines.base.SpliceBackend` plus
-    ``decode(handle, state, params, delivered)`` (a generator of :class:`GenerationStep` that,
-    when closed, commits the first ``delivered()`` tokens it generated) and optionally ``close()``.
+    ``decode(handle, state, params, delivered, processors)`` (a generator of
+    :class:`GenerationStep` that, when closed, commits the first ``delivered()`` tokens it
+    generated) and optionally ``close()``. ``tokenizer`` (a transformers tokenizer) is what
+    constraints are compiled for.
     """
 
     def __init__(self, core: Any, tokenizer: object = None, name: str = "leyline-engine") -> None:
         self.core = core
         self.tokenizer = tokenizer
         self.worker = Worker(name)
+        self._grammar: GrammarBackend | None = None
+
+    @property
+    def grammar(self) -> GrammarBackend:
+        """The constraint compiler for this engine's tokenizer (built on first use)."""
+        if self._grammar is None:
+            if self.tokenizer is None:
+                raise ConstraintError("this engine has no tokenizer to compile constraints for")
+            info = self.core.info
+            self._grammar = GrammarBackend(self.tokenizer, info.vocab_size, info.eos_token_ids)
+        return self._grammar
+
+    async def check_constraint(self, constraint: Constraint) -> None:
+        """Compile ``constraint`` off the event loop (cached for the turn); :class:`ConstraintError` if impossible."""
+        await asyncio.to_thread(self.grammar.compile, constraint)
+
+    def processors(self, params: SamplingParams) -> Processors | None:
+        """The logits processors ``params`` ask for: ``min_tokens``, then the constraint's grammar."""
+        items: list[LogitsProcessor] = []
+        if params.min_tokens:
+            stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.core.info.eos_token_ids))
+            items.append(SuppressUntil(stops, params.min_tokens))
+        if params.constraint is not None:
+            items.append(self.grammar.mask(params.constraint))
+        return Processors(items) if items else None
 
     @property
     def info(self) -> ModelInfo:
@@ -193,7 +230,8 @@ class ThreadedEngine:
         return self._stream(turn, params)
 
     async def _stream(self, turn: Turn, params: SamplingParams) -> AsyncGenerator[GenerationStep, None]:
-        decode = self.core.decode(turn.handle, turn.state, params, lambda: len(turn.generated))
+        processors = self.processors(params)
+        decode = self.core.decode(turn.handle, turn.state, params, lambda: len(turn.generated), processors)
         async with aclosing(self.worker.run_ahead(decode, _finished)) as steps:
             async for step in steps:
                 turn.generated.append(step.token)

@@ -34,6 +34,7 @@ from leyline_server.engines.embedded.mirror import MirrorStore
 from leyline_server.engines.embedded.pool import SlotPool
 from leyline_server.engines.embedded.radix import Node, RadixCache
 from leyline_server.engines.embedded.sampling import Sampler
+from leyline_server.engines.logits import Processors
 from leyline_server.kernels import rotate_copy
 from leyline_server.rope import RopeSpec
 
@@ -207,8 +208,12 @@ class EmbeddedEngine:
         logits: torch.Tensor,
         params: SamplingParams,
         delivered: Callable[[], int] | None = None,
+        processors: Processors | None = None,
     ) -> Generator[GenerationStep, None, None]:
         """Yield decoded tokens after ``handle`` (whose last logits are ``logits``).
+
+        ``processors`` change each logits row before sampling (constraints, ``min_tokens``); a
+        finished one (a complete grammar) ends generation with ``stop``.
 
         When the generator ends or is closed, the first ``delivered()`` generated tokens (all of
         them without ``delivered``) are committed to the cache (KV for all but the last, which
@@ -216,7 +221,7 @@ class EmbeddedEngine:
         of the consumer goes back to the pool.
         """
         pinned = _pinned(handle)
-        sampler = Sampler(params)
+        sampler = Sampler(params, processors)
         stops = Sampler.stops(params, self.info.eos_token_ids)
         context = pinned.slots
         generated: list[int] = []
@@ -225,8 +230,9 @@ class EmbeddedEngine:
             for i in range(params.max_tokens):
                 step = sampler.step(logits)
                 generated.append(step.token)
-                if step.token in stops or i == params.max_tokens - 1:
-                    step.finish_reason = "stop" if step.token in stops else "length"
+                done = step.token in stops or sampler.finished
+                if done or i == params.max_tokens - 1:
+                    step.finish_reason = "stop" if done else "length"
                     yield step
                     return
                 yield step

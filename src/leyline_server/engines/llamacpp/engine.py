@@ -42,6 +42,7 @@ from leyline_server.engines.llamacpp.cache import Entry, SequenceCache
 from leyline_server.engines.llamacpp.lib import ContextConfig, LlamaContext, LlamaModel, TokenSampler, logprobs
 from leyline_server.engines.llamacpp.parking import ParkingPolicy, focus
 from leyline_server.engines.llamacpp.stage import Stage, canary_keys, move_block, prepare
+from leyline_server.engines.logits import Processors
 
 __all__ = ["LlamaCppEngine", "SeqHandle", "CANARY_TOLERANCE", "SCRATCH", "COPY", "CANARY_SEQS"]
 
@@ -219,8 +220,13 @@ class LlamaCppEngine:
         logits: Any,
         params: SamplingParams,
         delivered: Callable[[], int] | None = None,
+        processors: Processors | None = None,
     ) -> Generator[GenerationStep, None, None]:
         """Yield decoded tokens after ``handle`` (whose last logits are ``logits``).
+
+        ``processors`` change each logits row before sampling (constraints, ``min_tokens``): in
+        llama.cpp's own buffer, which its sampler then reads; a finished one (a complete grammar)
+        ends generation with ``stop``.
 
         Resuming after a step decodes its token into the handle's sequence and samples the next
         one from the context's logits row in place (no copy unless logprobs are asked for). When
@@ -233,7 +239,7 @@ class LlamaCppEngine:
         if entry is None and params.max_tokens:
             raise ValueError("decode needs a live handle")
         sampler = TokenSampler(params, self.model.n_vocab)
-        stops = set(params.stop_token_ids) | set(self._info.eos_token_ids)
+        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self._info.eos_token_ids))
         generated: list[int] = []
         row: np.ndarray | None = logits  # the prefill's copied row; later rows stay in the context
         if entry is not None:
@@ -241,14 +247,17 @@ class LlamaCppEngine:
             entry.busy += 1  # not parked while this stream decodes into it
         try:
             for i in range(params.max_tokens):
-                token = sampler.sample(row) if row is not None else sampler.sample_last(self.ctx)
+                if params.logprobs and row is None:
+                    row = self.ctx.last_logits()
+                token = self._sample(sampler, row, processors)
                 step = GenerationStep(token)
                 if params.logprobs:
-                    row = row if row is not None else self.ctx.last_logits()
+                    assert row is not None
                     step.logprob, step.top_logprobs = logprobs(row, token, params.top_logprobs)
                 generated.append(token)
-                if token in stops or i == params.max_tokens - 1:
-                    step.finish_reason = "stop" if token in stops else "length"
+                done = token in stops or bool(processors and processors.finished)
+                if done or i == params.max_tokens - 1:
+                    step.finish_reason = "stop" if done else "length"
                     yield step
                     return
                 yield step
@@ -262,6 +271,16 @@ class LlamaCppEngine:
                 entry.busy -= 1
                 self.cache.trim(entry, len(handle.tokens))
                 handle.cached, handle.exact = entry.cached, entry.exact
+
+    def _sample(self, sampler: TokenSampler, row: np.ndarray | None, processors: Processors | None) -> int:
+        """One token from ``row`` (a copy) or, without one, from the context's last row in place."""
+        if not processors:
+            return sampler.sample(row) if row is not None else sampler.sample_last(self.ctx)
+        masked = row.copy() if row is not None else self.ctx.logits_view()
+        processors.apply(masked)
+        token = sampler.sample(masked) if row is not None else sampler.sample_last(self.ctx)
+        processors.accept(token)
+        return token
 
     # -- splice stages (SpliceBackend) ------------------------------------------------------------
     def rotation_counts(self, handle: Handle, positions: Sequence[int]) -> list[int] | None:

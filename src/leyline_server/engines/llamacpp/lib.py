@@ -201,8 +201,12 @@ class LlamaContext:
 
     def last_logits(self) -> np.ndarray:
         """A float32 copy of the last decoded output row."""
+        return self.logits_view().copy()
+
+    def logits_view(self) -> np.ndarray:
+        """The last decoded output row in llama.cpp's own buffer (changing it changes what is sampled)."""
         row = L.llama_get_logits_ith(self.ptr, -1)
-        return np.ctypeslib.as_array(row, shape=(self.model.n_vocab,)).copy()
+        return np.ctypeslib.as_array(row, shape=(self.model.n_vocab,))
 
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
         """Remove ``seq`` from the cells at positions ``[p0, p1)`` (cells no sequence holds are freed)."""
@@ -297,9 +301,10 @@ def layer0_keys(blob: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class TokenSampler:
     """llama.cpp's sampler chain for one request, applied to logits rows the engine kept.
 
-    Order as on the embedded engine: logit_bias, presence/frequency penalties (over the tokens
-    generated so far: ``count * frequency + (count > 0) * presence``, as OpenAI defines them),
-    then greedy (temperature ~0) or temperature, top-p, and a seeded draw.
+    Order as on the embedded engine: logit_bias, repetition/presence/frequency penalties (over
+    the tokens generated so far: SGLang's repetition penalty, then ``count * frequency +
+    (count > 0) * presence`` as OpenAI defines them), then greedy (temperature ~0 or top-k 1) or
+    temperature, top-k, top-p, min-p and a seeded draw.
     """
 
     def __init__(self, params: SamplingParams, n_vocab: int) -> None:
@@ -309,18 +314,22 @@ class TokenSampler:
             for i, (token, value) in enumerate(params.logit_bias.items()):
                 bias[i] = L.llama_logit_bias(token, value)
             L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_logit_bias(n_vocab, len(bias), bias))
-        if params.presence_penalty or params.frequency_penalty:
+        if params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1.0:
             window = max(params.max_tokens, 1)
             penalties = L.llama_sampler_init_penalties(
-                n_vocab, window, 1.0, params.frequency_penalty, params.presence_penalty
+                n_vocab, window, params.repetition_penalty, params.frequency_penalty, params.presence_penalty
             )
             L.llama_sampler_chain_add(self.chain, penalties)
-        if params.temperature < GREEDY_BELOW:
+        if params.temperature < GREEDY_BELOW or params.top_k == 1:
             L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_greedy())
         else:
             L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_temp(params.temperature))
+            if params.top_k > 0:
+                L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_top_k(params.top_k))
             if params.top_p < 1.0:
                 L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_top_p(params.top_p, 1))
+            if params.min_p > 0.0:
+                L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_min_p(params.min_p, 1))
             seed = L.LLAMA_DEFAULT_SEED if params.seed is None else params.seed % L.LLAMA_DEFAULT_SEED
             L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_dist(seed))
         self._data = np.zeros(n_vocab, dtype=_TOKEN_DATA)

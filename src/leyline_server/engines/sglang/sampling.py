@@ -5,15 +5,21 @@ SGLang streams cumulative ``output_ids`` (and, with logprobs, cumulative
 tuples); :class:`StepReader` turns each chunk into the steps not yet seen, the last one carrying
 the finish reason. Logprobs are SGLang's (it reports them before temperature scaling unless
 configured otherwise); SGLang stops on the model's EOS tokens plus ``stop_token_ids``.
+
+A :class:`~leyline_server.engines.base.Constraint` becomes the SGLang sampling parameter of the
+same name (``json_schema``, ``regex``, ``ebnf``, ``structural_tag``), which SGLang's grammar backend
+(xgrammar by default) compiles. SGLang compiles JSON schemas with free whitespace unless it was
+launched with ``--constrained-json-disable-any-whitespace`` (the other engines' compact form);
+forced tool calls are structural tags whose arguments are EBNF grammars, the same on every engine.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from leyline_server.engines.base import GenerationStep, SamplingParams, TokenLogprob
+from leyline_server.engines.base import Constraint, GenerationStep, SamplingParams, TokenLogprob
 
-__all__ = ["StepReader", "sampling_dict", "logprob_args"]
+__all__ = ["StepReader", "sampling_dict", "logprob_args", "constraint_args"]
 
 
 def sampling_dict(params: SamplingParams) -> dict[str, Any]:
@@ -31,7 +37,24 @@ def sampling_dict(params: SamplingParams) -> dict[str, Any]:
         out["logit_bias"] = {str(k): float(v) for k, v in params.logit_bias.items()}
     if params.seed is not None:
         out["sampling_seed"] = params.seed
+    if params.top_k:
+        out["top_k"] = params.top_k
+    if params.min_p:
+        out["min_p"] = params.min_p
+    if params.repetition_penalty != 1.0:
+        out["repetition_penalty"] = params.repetition_penalty
+    if params.min_tokens:
+        out["min_new_tokens"] = params.min_tokens
+    if params.ignore_eos:
+        out["ignore_eos"] = True
+    if params.constraint is not None:
+        out.update(constraint_args(params.constraint))
     return out
+
+
+def constraint_args(constraint: Constraint) -> dict[str, Any]:
+    """SGLang's sampling parameter for ``constraint``: ``{kind: value}`` (each takes the text as is)."""
+    return {constraint.kind: constraint.value}
 
 
 def logprob_args(params: SamplingParams) -> dict[str, Any]:

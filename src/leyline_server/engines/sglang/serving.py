@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypeVar
 
 from leyline_server.engines.base import (
     CacheScope,
+    Constraint,
     GenerationStep,
     Handle,
     ModelInfo,
@@ -99,6 +100,10 @@ class AsyncSGLangEngine:
             return Turn(result.handle, list(prompt), report, result.reused, result.approximate, result.state)
 
         return await self._job(job)
+
+    async def check_constraint(self, constraint: Constraint) -> None:
+        """Nothing to check here: SGLang compiles the constraint itself and aborts a request whose
+        grammar it cannot build (the stream then fails with SGLang's message)."""
 
     def stream(self, turn: Turn, params: SamplingParams) -> AsyncGenerator[GenerationStep, None]:
         """Decode after ``turn`` with SGLang; ``turn.handle`` ends pinned on prompt + generated."""

@@ -1,0 +1,1 @@
+"""Constrained decoding, engine-neutral: JSON schemas as decoding can enforce them, tool calls as structural tags."""
