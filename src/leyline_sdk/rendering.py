@@ -15,6 +15,7 @@ prompt, if any, is the *tail* ``[spans[-1].end, len(tokens))``.
 from __future__ import annotations
 
 import bisect
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -130,8 +131,17 @@ class HFChatTokenizer:
         from transformers.utils.chat_template_utils import render_jinja_template
 
         self._render_jinja: Any = render_jinja_template
+        self.template_kwargs: dict[str, Any] = {}
         self.isolated_tokens = _isolated_tokens(tokenizer)
         self.tool_support = self._probe_tools()
+
+    def with_template_kwargs(self, kwargs: Mapping[str, Any]) -> HFChatTokenizer:
+        """This renderer with extra chat template variables (``chat_template_kwargs``); ``self`` if none."""
+        if not kwargs:
+            return self
+        other = copy.copy(self)
+        other.template_kwargs = {**self.template_kwargs, **kwargs}
+        return other
 
     def _probe_tools(self) -> ToolSupport:
         """What the template renders of OpenAI's tool shapes (else :mod:`leyline_sdk.tool_text` steps in)."""
@@ -193,7 +203,7 @@ class HFChatTokenizer:
                 tools=list(tools) if tools else None,
                 chat_template=template,
                 add_generation_prompt=add_generation_prompt,
-                **self.tokenizer.special_tokens_map,
+                **{**self.tokenizer.special_tokens_map, **self.template_kwargs},
             )
         except Exception as exc:  # jinja raises many types; surface one
             raise RenderError(f"chat template failed: {exc}") from exc

@@ -128,11 +128,12 @@ async def test_error_paths(server):
         error_of(await c.post("/v1/chat/completions", json={**one, "model": "gpt-4o"}), 404, "model_not_found")
         for field, value in [
             ("n", 2),
-            ("response_format", {"type": "json_object"}),
-            ("tool_choice", "required"),
             ("functions", [{"name": "f"}]),
             ("store", True),
             ("modalities", ["text", "audio"]),
+            ("verbosity", "low"),
+            ("return_hidden_states", True),
+            ("prompt_cache_retention", "24h"),
         ]:
             body = error_of(
                 await c.post("/v1/chat/completions", json={**one, field: value}), 400, "unsupported_parameter"
@@ -142,6 +143,10 @@ async def test_error_paths(server):
         assert body["param"] == "frobnicate" and "unrecognized" in body["message"]
         body = error_of(await c.post("/v1/chat/completions", json={**one, "top_logprobs": 2}), 400, "invalid_request")
         assert body["param"] == "top_logprobs"
+        body = error_of(
+            await c.post("/v1/chat/completions", json={**one, "tool_choice": "required"}), 400, "invalid_request"
+        )
+        assert body["param"] == "tool_choice"  # nothing to call
         error_of(await c.post("/v1/leyline/sessions", json={}), 400, "invalid_request")
         error_of(await c.post("/v1/leyline/sessions", json={"tokens": []}), 400, "empty_session")
         error_of(await c.post("/v1/leyline/sessions", json={"tokens": [10**6]}), 400, "token_invalid")

@@ -1,7 +1,7 @@
 """The ASGI app: routers, the request middleware (limits, request ids, metrics, errors), system routes.
 
 Routes: ``POST /v1/chat/completions`` (:mod:`chat_routes`), ``/v1/leyline/*``
-(:mod:`leyline_routes`), ``GET /v1/models``, ``GET /health``, ``GET /metrics``. Every error,
+(:mod:`leyline_routes`), ``GET /v1/models[/{id}]``, ``GET /health``, ``GET /metrics``. Every error,
 expected or not, is answered in OpenAI's JSON shape with an ``x-request-id`` header; an
 unexpected one is logged with that id and the server keeps serving.
 """
@@ -47,17 +47,17 @@ def _system_routes(app: FastAPI) -> None:
 
     @app.get("/v1/models")
     async def models(_: Owner, service: Service) -> dict[str, Any]:
-        data = [
-            {
-                "id": name,
-                "object": "model",
-                "created": 0,
-                "owned_by": "leyline",
-                "max_model_len": service.context_tokens,
-            }
-            for name in service.config.names
-        ]
-        return {"object": "list", "data": data}
+        return {"object": "list", "data": [_model_card(service, name) for name in service.config.names]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str, _: Owner, service: Service) -> dict[str, Any]:
+        service.check_model(model_id)
+        return _model_card(service, model_id)
+
+
+def _model_card(service: LeylineService, name: str) -> dict[str, Any]:
+    """OpenAI's model object, with SGLang's ``max_model_len``."""
+    return {"id": name, "object": "model", "created": 0, "owned_by": "leyline", "max_model_len": service.context_tokens}
 
 
 def _middleware(app: FastAPI, service: LeylineService) -> None:

@@ -11,15 +11,17 @@ from fastapi import APIRouter
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from leyline_sdk.templates import Transcript
+from leyline_server.api.constraints import plan_constraint
 from leyline_server.api.decoder import TextDecoder
 from leyline_server.api.deps import Owner, Service
-from leyline_server.api.errors import error_body
-from leyline_server.api.params import sampling_params, stop_strings, tool_parsing
-from leyline_server.api.responses import Completion, assistant_message, logprob_entry, sse, usage
-from leyline_server.api.schemas import ChatCompletionRequest
+from leyline_server.api.errors import APIError, error_body
+from leyline_server.api.params import check_request, sampling_params, stop_strings
+from leyline_server.api.prompting import build_prompt
+from leyline_server.api.responses import Completion, logprob_entry, sse, usage
+from leyline_server.api.schemas import ChatCompletionRequest, check_content
 from leyline_server.api.service import ChatTurn, LeylineService
-from leyline_server.engines.base import SamplingParams
+from leyline_server.api.tools import ToolPlan, plan_tools
+from leyline_server.engines.base import Constraint, ConstraintError, SamplingParams
 
 __all__ = ["router", "ClosingStream"]
 
@@ -45,18 +47,11 @@ class ClosingStream(StreamingResponse):
             await self._on_close()
 
 
-def _finish(reason: str | None, decoder: TextDecoder, calls: list[dict[str, Any]]) -> str:
-    if calls:
-        return "tool_calls"
-    return "stop" if decoder.stopped else (reason or "stop")
-
-
 async def _complete(
     service: LeylineService,
     chat: ChatTurn,
     params: SamplingParams,
     decoder: TextDecoder,
-    tools: dict[str, Any],
     completion: Completion,
 ) -> dict[str, Any]:
     reason: str | None = None
@@ -69,10 +64,10 @@ async def _complete(
                 logprobs.append(logprob_entry(service.tokenizer, step))
             if decoder.stopped:
                 break
-    message, calls = assistant_message(decoder.text(), tools["parse"], tools["parallel"])
+    outcome = decoder.outcome(reason)
     return completion.body(
-        message,
-        _finish(reason, decoder, calls),
+        outcome.message,
+        outcome.finish_reason,
         logprobs,
         usage=usage(chat.turn),
         leyline=service.result(chat).model_dump(mode="json"),
@@ -84,7 +79,6 @@ async def _events(
     chat: ChatTurn,
     params: SamplingParams,
     decoder: TextDecoder,
-    tools: dict[str, Any],
     completion: Completion,
     include_usage: bool,
 ) -> AsyncIterator[str]:
@@ -103,14 +97,14 @@ async def _events(
                     pending = []
                 if decoder.stopped:
                     break
-        rest = decoder.rest()
+        outcome = decoder.outcome(reason)
+        rest = decoder.rest(outcome)
         if rest or pending:
             yield completion.chunk({"content": rest}, logprobs=pending)
-        _, calls = assistant_message(decoder.text(), tools["parse"], tools["parallel"])
-        if calls:
-            yield completion.chunk({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]})
+        if outcome.calls:
+            yield completion.chunk({"tool_calls": [{"index": i, **c} for i, c in enumerate(outcome.calls)]})
         leyline = service.result(chat).model_dump(mode="json")
-        yield completion.chunk({}, _finish(reason, decoder, calls), leyline=leyline)
+        yield completion.chunk({}, outcome.finish_reason, leyline=leyline)
         if include_usage:
             yield completion.usage_chunk(chat.turn)
     except Exception as exc:  # headers are sent: report in the stream, then end it
@@ -119,24 +113,52 @@ async def _events(
     yield "data: [DONE]\n\n"
 
 
+async def _constraint(service: LeylineService, body: ChatCompletionRequest, tools: ToolPlan) -> Constraint | None:
+    """The request's output constraint, compiled once here so that a bad one is a 400 naming its field."""
+    plan = plan_constraint(service.chat, tools, body.response_format, body.regex, body.ebnf)
+    if plan is None:
+        return None
+    try:
+        await service.engine.check_constraint(plan.constraint)
+    except ConstraintError as exc:
+        raise APIError(400, "invalid_constraint", str(exc), plan.param) from exc
+    return plan.constraint
+
+
+def _decoder(
+    service: LeylineService, body: ChatCompletionRequest, params: SamplingParams, tools: ToolPlan
+) -> TextDecoder:
+    eos = () if params.ignore_eos else service.engine.info.eos_token_ids
+    return TextDecoder(
+        service.tokenizer,
+        [*eos, *params.stop_token_ids],
+        stop_strings(body),
+        parse_tools=tools.parse,
+        parallel=tools.parallel,
+        skip_special=body.skip_special_tokens is not False,
+        keep_stop=bool(body.no_stop_trim),
+    )
+
+
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(body: ChatCompletionRequest, key: Owner, service: Service) -> Any:
     """OpenAI's chat completion; ``leyline`` in the body asks for a session and directives."""
     service.check_model(body.model)
-    rendered = service.render(body.messages, body.tools, generation=True)
-    prompt = rendered.tokens
-    params = sampling_params(body, len(prompt), service.context_tokens, service.engine.info.vocab_size)
+    check_request(body)
+    check_content(body.messages)
+    tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
+    prompt, transcript = build_prompt(service.chat, body)
+    constraint = await _constraint(service, body, tools)
+    params = sampling_params(body, len(prompt), service.context_tokens, service.engine.info.vocab_size, constraint)
     if body.max_tokens is None and body.max_completion_tokens is None and service.config.default_max_tokens:
         params.max_tokens = min(params.max_tokens, service.config.default_max_tokens)
-    tools = tool_parsing(body)
-    decoder = TextDecoder(service.tokenizer, service.engine.info.eos_token_ids, stop_strings(body), tools["parse"])
-    completion = Completion(body.model)
+    decoder = _decoder(service, body, params, tools)
+    completion = Completion(body.model, id=body.rid) if body.rid else Completion(body.model)
     stack = AsyncExitStack()
-    transcript = Transcript([m.model_dump(exclude_none=True) for m in body.messages], body.tools, rendered)
     chat = await stack.enter_async_context(service.chat_turn(body.leyline, key, prompt, transcript))
     if not body.stream:
         async with stack:
-            return await _complete(service, chat, params, decoder, tools, completion)
+            return await _complete(service, chat, params, decoder, completion)
     include_usage = bool(body.stream_options and body.stream_options.get("include_usage"))
-    events = _events(service, chat, params, decoder, tools, completion, include_usage)
+    events = _events(service, chat, params, decoder, completion, include_usage)
     return ClosingStream(events, stack.aclose, media_type="text/event-stream")

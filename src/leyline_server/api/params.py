@@ -1,7 +1,8 @@
-"""From an OpenAI request to decoding parameters: honour every field, or refuse it by name.
+"""From a chat request to decoding parameters and template variables: honour every field, or refuse it by name.
 
-Nothing accepted is ignored: a field either changes what the server does or is refused with a
-400 whose ``param`` names it.
+What each field does is :data:`leyline_server.api.fields.FIELDS`; this module turns the honoured
+ones into :class:`~leyline_server.engines.base.SamplingParams`, stop strings and chat template
+keyword arguments. ``null`` is "unset" everywhere (OpenAI's and SGLang's defaults apply).
 """
 
 from __future__ import annotations
@@ -9,69 +10,65 @@ from __future__ import annotations
 from typing import Any
 
 from leyline_server.api.errors import APIError
+from leyline_server.api.fields import refuse_unsupported
 from leyline_server.api.schemas import ChatCompletionRequest
-from leyline_server.engines.base import SamplingParams
+from leyline_server.engines.base import Constraint, SamplingParams
 
-__all__ = ["sampling_params", "refuse_unsupported", "stop_strings", "tool_parsing"]
+__all__ = ["check_request", "sampling_params", "stop_strings", "template_kwargs"]
 
-_UNSUPPORTED = {
-    "functions": "the legacy 'functions' field is not supported; use 'tools'",
-    "function_call": "the legacy 'function_call' field is not supported; use 'tool_choice'",
-    "audio": "audio output is not supported",
-    "prediction": "predicted outputs are not supported",
-    "reasoning_effort": "'reasoning_effort' is not supported by this model server",
-    "web_search_options": "web search is not supported",
-}
+_RESERVED_KWARGS = frozenset({"messages", "tools", "add_generation_prompt", "chat_template", "documents"})
 
 
-def _refuse(param: str, message: str) -> APIError:
-    return APIError(400, "unsupported_parameter", message, param)
+def _invalid(message: str, param: str) -> APIError:
+    return APIError(400, "invalid_request", message, param)
 
 
-def refuse_unsupported(req: ChatCompletionRequest) -> None:
-    """400 for every field this server cannot honour (see the module docstring)."""
-    for name, message in _UNSUPPORTED.items():
-        if getattr(req, name) is not None:
-            raise _refuse(name, message)
-    if req.n != 1:
-        raise _refuse("n", "only n=1 is supported")
-    if req.modalities is not None and list(req.modalities) != ["text"]:
-        raise _refuse("modalities", "only the 'text' modality is supported")
-    if req.response_format is not None and req.response_format.get("type", "text") != "text":
-        raise _refuse("response_format", "only response_format {'type': 'text'} is supported")
-    if req.store:
-        raise _refuse("store", "this server does not store completions (store must be false)")
-    if req.service_tier not in (None, "auto", "default"):
-        raise _refuse("service_tier", "only service_tier 'auto' or 'default' is supported")
+def check_request(req: ChatCompletionRequest) -> None:
+    """400 for every refused field and for combinations that mean nothing (see the module docstring)."""
+    refuse_unsupported(req.model_dump(exclude_unset=True, exclude={"messages", "leyline"}))
     if req.top_logprobs and not req.logprobs:
-        raise APIError(400, "invalid_request", "top_logprobs requires logprobs: true", "top_logprobs")
-    if req.tool_choice not in (None, "auto", "none"):
-        raise _refuse("tool_choice", "only tool_choice 'auto' or 'none' is supported")
+        raise _invalid("top_logprobs requires logprobs: true", "top_logprobs")
     if req.stream_options is not None and not req.stream:
-        raise APIError(400, "invalid_request", "stream_options requires stream: true", "stream_options")
-    unknown = set(req.stream_options or {}) - {"include_usage"}
+        raise _invalid("stream_options requires stream: true", "stream_options")
+    unknown = set(req.stream_options or {}) - {"include_usage", "continuous_usage_stats"}
     if unknown:
-        raise _refuse("stream_options", f"unsupported stream_options: {sorted(unknown)}")
+        raise APIError(400, "unsupported_parameter", f"unsupported stream_options: {sorted(unknown)}", "stream_options")
+    if (req.stream_options or {}).get("continuous_usage_stats"):
+        raise APIError(400, "unsupported_parameter", "usage is reported once, at the end", "stream_options")
+    if req.top_k == 0:
+        raise _invalid("top_k must be -1 (off) or at least 1", "top_k")
 
 
 def _logit_bias(raw: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
     out: dict[int, float] = {}
     for key, value in (raw or {}).items():
         if not key.isdigit() or int(key) >= vocab_size:
-            raise APIError(400, "invalid_request", f"logit_bias key {key!r} is not a token id", "logit_bias")
+            raise _invalid(f"logit_bias key {key!r} is not a token id", "logit_bias")
         if not -100 <= value <= 100:
-            raise APIError(400, "invalid_request", "logit_bias values must lie in [-100, 100]", "logit_bias")
+            raise _invalid("logit_bias values must lie in [-100, 100]", "logit_bias")
         out[int(key)] = float(value)
     return out
 
 
-def sampling_params(req: ChatCompletionRequest, prompt_tokens: int, context: int, vocab_size: int) -> SamplingParams:
+def _stop_token_ids(ids: list[int] | None, vocab_size: int) -> list[int]:
+    for token in ids or []:
+        if not 0 <= token < vocab_size:
+            raise _invalid(f"stop_token_ids: {token} is not a token id", "stop_token_ids")
+    return list(ids or [])
+
+
+def sampling_params(
+    req: ChatCompletionRequest,
+    prompt_tokens: int,
+    context: int,
+    vocab_size: int,
+    constraint: Constraint | None = None,
+) -> SamplingParams:
     """Decoding parameters; without ``max_tokens`` the completion may fill the context (vLLM's rule).
 
     400 ``context_length_exceeded`` when the prompt leaves no room, or when an explicit
     ``max_tokens`` does not fit.
     """
-    refuse_unsupported(req)
     room = context - prompt_tokens
     asked = req.max_completion_tokens or req.max_tokens
     if room < 1 or (asked is not None and asked > room):
@@ -84,14 +81,21 @@ def sampling_params(req: ChatCompletionRequest, prompt_tokens: int, context: int
         )
     return SamplingParams(
         max_tokens=asked if asked is not None else room,
-        temperature=req.temperature,
-        top_p=req.top_p,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
         seed=req.seed,
-        presence_penalty=req.presence_penalty,
-        frequency_penalty=req.frequency_penalty,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
         logit_bias=_logit_bias(req.logit_bias, vocab_size),
-        logprobs=req.logprobs,
+        logprobs=bool(req.logprobs),
         top_logprobs=req.top_logprobs or 0,
+        top_k=max(req.top_k or 0, 0),
+        min_p=req.min_p or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        min_tokens=req.min_tokens or 0,
+        ignore_eos=bool(req.ignore_eos),
+        stop_token_ids=_stop_token_ids(req.stop_token_ids, vocab_size),
+        constraint=constraint,
     )
 
 
@@ -99,10 +103,31 @@ def stop_strings(req: ChatCompletionRequest) -> list[str]:
     """The request's stop strings (OpenAI allows up to 4)."""
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if len(stops) > 4:
-        raise APIError(400, "invalid_request", "at most 4 stop sequences", "stop")
+        raise _invalid("at most 4 stop sequences", "stop")
     return [s for s in stops if s]
 
 
-def tool_parsing(req: ChatCompletionRequest) -> dict[str, Any]:
-    """How to treat tool calls in the output: parse them at all, and keep more than one."""
-    return {"parse": req.tool_choice != "none", "parallel": req.parallel_tool_calls is not False}
+def template_kwargs(req: ChatCompletionRequest, template: str) -> dict[str, Any]:
+    """Extra chat template variables: ``chat_template_kwargs`` and SGLang's reading of ``reasoning_effort``.
+
+    A variable the template never mentions would change nothing: 400 naming it (the template's
+    own names, ``messages``/``tools``/``add_generation_prompt``/``chat_template``, are refused too).
+    """
+    kwargs = dict(req.chat_template_kwargs or {})
+    for key in kwargs:
+        where = f"chat_template_kwargs.{key}"
+        if key in _RESERVED_KWARGS:
+            raise APIError(400, "unsupported_parameter", f"{key!r} cannot be set through chat_template_kwargs", where)
+        if key not in template:
+            raise APIError(400, "unsupported_parameter", f"the chat template does not use {key!r}", where)
+    effort = req.reasoning_effort
+    if effort is not None:
+        names = [n for n in ("reasoning_effort", "thinking", "enable_thinking") if n in template]
+        if not names:
+            raise APIError(
+                400, "unsupported_parameter", "the chat template has no reasoning switch", "reasoning_effort"
+            )
+        kwargs.setdefault("reasoning_effort", effort)
+        kwargs.setdefault("thinking", effort != "none")
+        kwargs.setdefault("enable_thinking", effort != "none")
+    return kwargs

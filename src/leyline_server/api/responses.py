@@ -8,10 +8,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from leyline_server.api.toolcalls import parse_tool_calls
 from leyline_server.engines.base import GenerationStep, Turn
 
-__all__ = ["Completion", "sse", "usage", "logprob_entry", "assistant_message"]
+__all__ = ["Completion", "sse", "usage", "logprob_entry"]
 
 
 def sse(payload: dict[str, Any] | str) -> str:
@@ -41,17 +40,6 @@ def logprob_entry(tokenizer: Any, step: GenerationStep) -> dict[str, Any]:
     entry = _token_entry(tokenizer, step.token, step.logprob if step.logprob is not None else 0.0)
     entry["top_logprobs"] = [_token_entry(tokenizer, t.token, t.logprob) for t in step.top_logprobs]
     return entry
-
-
-def assistant_message(text: str, parse_tools: bool, parallel: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The assistant message for generated ``text``, with parsed tool calls (if asked for)."""
-    content, calls = parse_tool_calls(text) if parse_tools else (text, [])
-    if not parallel:
-        calls = calls[:1]
-    message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
-    if calls:
-        message["tool_calls"] = calls
-    return message, calls
 
 
 @dataclass

@@ -21,7 +21,7 @@ from leyline_sdk.wire import BaseRef, FallbackInfo, LeylineRequest, LeylineResul
 from leyline_server.api.config import ServerConfig
 from leyline_server.api.errors import APIError
 from leyline_server.api.metrics import Metrics
-from leyline_server.api.schemas import Message
+from leyline_server.api.schemas import Message, check_content
 from leyline_server.api.splicing import resolve_session, splice_request
 from leyline_server.blocks import Block, BlockStore
 from leyline_server.engines.base import CacheScope, CapacityError, Engine, Handle, SpliceRequest, Turn
@@ -81,7 +81,8 @@ class LeylineService:
     def render(
         self, messages: list[Message], tools: list[dict[str, Any]] | None, generation: bool
     ) -> RenderedConversation:
-        """Render with the model's template; template failures are the client's (400)."""
+        """Render with the model's template; template failures and non-text content parts are the client's (400)."""
+        check_content(messages)
         plain = [m.model_dump(exclude_none=True) for m in messages]
         try:
             return self.chat.render(plain, tools=tools, add_generation_prompt=generation)
