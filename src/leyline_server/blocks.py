@@ -4,7 +4,8 @@ A block (a skill, tool instructions, a retrieved document, user memory) is prefi
 positions ``[0, n)`` and pinned. A directive naming it (``{"block": id}``) places a rotated copy
 of its rows where it lands instead of prefilling it (O(n) instead of attention over the whole
 context). Blocks belong to the API key that made them (another key's id is unknown to it), count
-against the KV pool while kept, and are dropped least recently used past the per-key cap.
+against the KV pool while kept, and are dropped least recently used past the per-key caps (a
+count, and tokens: a quarter of the pool in the server, so one key's blocks never fill it).
 """
 
 from __future__ import annotations
@@ -39,13 +40,18 @@ class BlockStore:
     """Blocks by id, least recently used first, at most ``max_per_key`` per key."""
 
     def __init__(
-        self, release: Callable[[Handle], None], max_per_key: int = 256, clock: Callable[[], float] = time.monotonic
+        self,
+        release: Callable[[Handle], None],
+        max_per_key: int = 256,
+        clock: Callable[[], float] = time.monotonic,
+        max_tokens_per_key: int | None = None,
     ) -> None:
-        if max_per_key <= 0:
-            raise ValueError("max_per_key must be positive")
+        if max_per_key <= 0 or (max_tokens_per_key is not None and max_tokens_per_key <= 0):
+            raise ValueError("max_per_key and max_tokens_per_key must be positive")
         self._blocks: OrderedDict[str, Block] = OrderedDict()
         self._release = release
         self.max_per_key = max_per_key
+        self.max_tokens_per_key = max_tokens_per_key
         self._clock = clock
 
     def __len__(self) -> int:
@@ -57,10 +63,17 @@ class BlockStore:
         return "blk_" + secrets.token_urlsafe(15)
 
     def add(self, block_id: str, owner: str | None, handle: Handle) -> Block:
-        """Keep a prefilled block (dropping the owner's least recently used ones past the cap)."""
+        """Keep a prefilled block (dropping the owner's least recently used ones past the caps)."""
         mine = [b for b in self._blocks.values() if b.owner == owner]
         for old in mine[: max(len(mine) - self.max_per_key + 1, 0)]:
             self.drop(old)
+        if self.max_tokens_per_key is not None:
+            held = sum(len(b.handle.tokens) for b in self._blocks.values() if b.owner == owner)
+            for old in [b for b in self._blocks.values() if b.owner == owner]:
+                if held + len(handle.tokens) <= self.max_tokens_per_key:
+                    break
+                held -= len(old.handle.tokens)
+                self.drop(old)
         block = Block(block_id, owner, handle, self._clock())
         self._blocks[block_id] = block
         return block

@@ -72,6 +72,31 @@ def _server_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
 
 
+def _limit_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("limits (bounded work before admission, fair admission per API key)")
+    group.add_argument("--max-body-mb", type=float, default=8.0, help="request body limit, on the bytes read")
+    group.add_argument("--max-messages", type=int, default=2048, help="messages a request may hold")
+    group.add_argument(
+        "--render-timeout", type=float, default=10.0, help="seconds a request's chat template rendering may take"
+    )
+    group.add_argument(
+        "--max-concurrent-per-key", type=int, default=64, help="requests one API key may have in flight (more wait)"
+    )
+    group.add_argument(
+        "--kv-share-per-key", type=float, default=0.5,
+        help="fraction of the KV pool one key's requests in flight may reserve (less when more keys are active; "
+        "ignored without API keys)",
+    )  # fmt: skip
+    group.add_argument(
+        "--admission-timeout", type=float, default=30.0,
+        help="seconds a request waits for its key's share before a 429 with Retry-After",
+    )  # fmt: skip
+    group.add_argument(
+        "--stream-stall-timeout", type=float, default=60.0,
+        help="seconds a stream whose client stopped reading stays paused before it is ended (tokens kept)",
+    )  # fmt: skip
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (``--help`` shows every default)."""
     parser = argparse.ArgumentParser(
@@ -81,6 +106,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     _model_args(parser)
     _server_args(parser)
+    _limit_args(parser)
     return _parse_engine_args(parser, sys.argv[1:] if argv is None else list(argv))
 
 
@@ -162,6 +188,13 @@ def build_service(args: argparse.Namespace) -> Any:
         max_sessions=args.max_sessions,
         max_sessions_per_key=args.max_sessions_per_key,
         session_ttl_s=args.session_ttl,
+        max_body_bytes=int(args.max_body_mb * 2**20),
+        max_messages=args.max_messages,
+        render_timeout_s=args.render_timeout,
+        max_concurrent_per_key=args.max_concurrent_per_key,
+        kv_share_per_key=args.kv_share_per_key,
+        admission_timeout_s=args.admission_timeout,
+        stream_stall_timeout_s=args.stream_stall_timeout,
     )
     return LeylineService(engine, tokenizer, config)
 
