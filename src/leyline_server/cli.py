@@ -20,7 +20,7 @@ import signal
 import sys
 from typing import Any
 
-__all__ = ["main", "build_service", "parse_args", "kv_budget_mb"]
+__all__ = ["main", "build_service", "server_config", "parse_args", "kv_budget_mb"]
 
 DTYPES = ("float32", "bfloat16", "float16")
 ENGINES = ("embedded", "sglang", "llamacpp")
@@ -159,28 +159,14 @@ def swap_space_gb(args: argparse.Namespace) -> float:
     return float(args.swap_space)
 
 
-def build_service(args: argparse.Namespace) -> Any:
-    """Build the engine (:func:`~leyline_server.engines.factory.build_engine`) and wrap it in a service."""
-    from leyline_server.api.service import LeylineService, ServerConfig
-    from leyline_server.engines.factory import build_engine
+def server_config(args: argparse.Namespace) -> Any:
+    """The service's settings and limits from the flags (``ValueError`` for a bad one)."""
+    from leyline_server.api.config import ServerConfig
 
-    names = tuple(args.served_model_name or ())
-    engine, tokenizer = build_engine(
-        args.engine,
-        args.model,
-        kv_budget_mb=kv_budget_mb(args),
-        dtype=args.dtype,
-        preset_layers=args.preset_layers,
-        max_context_tokens=args.context_length,
-        served_name=names[0] if names else None,
-        engine_args=getattr(args, "engine_args", ()),
-        prefix_cache=not args.disable_prefix_cache,
-        swap_space_gb=swap_space_gb(args),
-    )
     keys = set(args.api_key) | {k.strip() for k in os.environ.get("LEYLINE_API_KEYS", "").split(",") if k.strip()}
-    config = ServerConfig(
+    return ServerConfig(
         model_name=args.model,
-        served_model_names=names,
+        served_model_names=tuple(args.served_model_name or ()),
         api_keys=frozenset(keys),
         isolate_keys=args.isolate_keys,
         auto_splice=args.auto_splice,
@@ -195,6 +181,27 @@ def build_service(args: argparse.Namespace) -> Any:
         kv_share_per_key=args.kv_share_per_key,
         admission_timeout_s=args.admission_timeout,
         stream_stall_timeout_s=args.stream_stall_timeout,
+    )
+
+
+def build_service(args: argparse.Namespace) -> Any:
+    """Check the limits, build the engine (:func:`~leyline_server.engines.factory.build_engine`), wrap both."""
+    from leyline_server.api.service import LeylineService
+    from leyline_server.engines.factory import build_engine
+
+    config = server_config(args)  # before the model loads: a bad flag fails at once
+    names = config.served_model_names
+    engine, tokenizer = build_engine(
+        args.engine,
+        args.model,
+        kv_budget_mb=kv_budget_mb(args),
+        dtype=args.dtype,
+        preset_layers=args.preset_layers,
+        max_context_tokens=args.context_length,
+        served_name=names[0] if names else None,
+        engine_args=getattr(args, "engine_args", ()),
+        prefix_cache=not args.disable_prefix_cache,
+        swap_space_gb=swap_space_gb(args),
     )
     return LeylineService(engine, tokenizer, config)
 

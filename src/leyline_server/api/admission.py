@@ -74,6 +74,11 @@ class Admission:
         active = sum(1 for k in self._keys.values() if k.slots or k.waiting)
         return int(self.capacity * min(self.share, 1 / max(active, 1)))
 
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a slot or a reservation."""
+        return len(self._queue)
+
     def in_flight(self, key: str | None) -> tuple[int, int]:
         """(requests, reserved tokens) of ``key`` in flight."""
         state = self._keys.get(key)

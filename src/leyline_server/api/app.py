@@ -38,6 +38,8 @@ def _system_routes(app: FastAPI) -> None:
     async def prometheus(service: Service) -> Response:
         service.metrics.sessions.set(len(service.sessions))
         service.metrics.sessions_dropped.set(service.sessions.dropped)
+        service.metrics.kv_reserved.set(service.admission.reserved)
+        service.metrics.admission_waiting.set(service.admission.waiting)
         return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")

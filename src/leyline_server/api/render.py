@@ -140,6 +140,8 @@ class RenderService:
         self._pool = ThreadPoolExecutor(config.render_threads, thread_name_prefix="leyline-render")
         self._locks: dict[str | None, tuple[asyncio.Lock, list[int]]] = {}
         self._snapshots = _Snapshots()
+        self.full_renders = 0  # span renders from scratch (one template render per message)
+        self.incremental_renders = 0  # span renders that started from the conversation's last one
 
     def check(self, messages: Sequence[Any], tools: Sequence[Any] | None, param: str = "messages") -> None:
         """The early bounds: message count, then characters (400 before any render)."""
@@ -220,12 +222,15 @@ class RenderService:
         tool_list = list(tools) if tools else None
         digests = message_digests(msgs, tool_list)
 
-        def job(chat: BoundedChat) -> tuple[RenderedConversation, Snapshot | None]:
+        def job(chat: BoundedChat) -> tuple[RenderedConversation, Snapshot | None, bool]:
             renderer = IncrementalRenderer(chat)
             renderer.snapshot = start or self._snapshots.find(owner, digests)
-            return renderer.render(msgs, tool_list, generation), renderer.snapshot
+            rendered = renderer.render(msgs, tool_list, generation)
+            return rendered, renderer.snapshot, renderer.incremental_renders > 0
 
-        rendered, snapshot = await self.run(owner, job)
+        rendered, snapshot, incremental = await self.run(owner, job)
+        self.incremental_renders += incremental
+        self.full_renders += not incremental
         if snapshot is not None:
             self._snapshots.put(owner, digests[-1], snapshot)
         return rendered, snapshot
