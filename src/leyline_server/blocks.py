@@ -13,7 +13,8 @@ from __future__ import annotations
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from leyline_server.engines.base import Handle
@@ -29,6 +30,8 @@ class Block:
     owner: str | None
     handle: Handle
     last_used: float = 0.0
+    users: int = 0  # requests holding its handle (see BlockStore.using)
+    dropped: bool = False  # dropped while in use: released when the last user is done
 
     @property
     def tokens(self) -> list[int]:
@@ -88,17 +91,39 @@ class BlockStore:
         return block
 
     def resolve(self, names: Iterable[str | None], owner: str | None) -> dict[str, Handle]:
-        """The handles of the named blocks ``owner`` may use (unknown names are left out)."""
+        """The handles of the named blocks ``owner`` may use (unknown names are left out).
+
+        Hold them with :meth:`using` while an engine job may read them.
+        """
         found = {}
         for name in names:
             if name is not None and (block := self.get(name, owner)) is not None:
                 found[name] = block.handle
         return found
 
+    @contextmanager
+    def using(self, names: Iterable[str | None], owner: str | None) -> Iterator[dict[str, Handle]]:
+        """:meth:`resolve`, the handles kept pinned until the block ends even if the blocks are
+        dropped meanwhile (a newer block past the key's caps): a request never reads released KV."""
+        found = self.resolve(names, owner)
+        held = [self._blocks[name] for name in found]
+        for block in held:
+            block.users += 1
+        try:
+            yield found
+        finally:
+            for block in held:
+                block.users -= 1
+                if block.dropped and not block.users:
+                    self._release(block.handle)
+
     def drop(self, block: Block) -> None:
-        """Forget a block and release its KV."""
+        """Forget a block and release its KV (once no request holds it)."""
         if self._blocks.pop(block.id, None) is not None:
-            self._release(block.handle)
+            if block.users:
+                block.dropped = True
+            else:
+                self._release(block.handle)
 
     def all(self) -> list[Block]:
         """Every kept block (a snapshot)."""

@@ -39,7 +39,7 @@ from leyline_server.api.errors import APIError
 __all__ = ["RenderService", "RenderTimeout", "BoundedChat", "message_digests"]
 
 T = TypeVar("T")
-SNAPSHOT_BUDGET = 64 * 2**20  # bytes (estimated) of renderings kept for incremental renders
+SNAPSHOT_BUDGET = 8 * 2**20  # bytes (estimated) of renderings kept for incremental renders, all keys
 
 
 class RenderTimeout(RenderError):
@@ -108,7 +108,9 @@ class _Snapshots:
 
     @staticmethod
     def _size(snapshot: Snapshot) -> int:
-        return len(snapshot.text) + 40 * len(snapshot.tokens)
+        """Bytes it holds, roughly: its text, its token and bound lists, its messages."""
+        lists = len(snapshot.tokens) + len(snapshot.char_bounds) + len(snapshot.token_bounds)
+        return len(snapshot.text) + 40 * lists + _chars(snapshot.messages) + 400 * len(snapshot.messages)
 
     def find(self, owner: str | None, digests: Sequence[str]) -> Snapshot | None:
         """The rendering of the longest prefix of the conversation that is kept."""

@@ -15,7 +15,7 @@ every kind of allocation alike when the pool is full).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
@@ -26,10 +26,11 @@ from leyline_server.api.admission import Admission, Ticket
 from leyline_server.api.autosplice import AutoSplicer, AutoTurn
 from leyline_server.api.config import ServerConfig
 from leyline_server.api.errors import APIError
+from leyline_server.api.limits import check_directives, check_tokens, overflow
 from leyline_server.api.metrics import Metrics
 from leyline_server.api.render import RenderService
 from leyline_server.api.room import Room
-from leyline_server.api.splicing import overflowing_directive, resolve_session, result_length, splice_request
+from leyline_server.api.splicing import resolve_session, result_length, splice_request
 from leyline_server.blocks import Block, BlockStore
 from leyline_server.engines.base import CacheScope, CapacityError, Engine, Handle, SpliceRequest, Turn
 from leyline_server.sessions import Session, SessionStore
@@ -106,37 +107,6 @@ class LeylineService:
                 404, "model_not_found", f"the model {name!r} does not exist; served: {list(self.config.names)}", "model"
             )
 
-    def check_directives(self, directives: Sequence[Directive], param: str) -> None:
-        """Enforce the per-request directive limits."""
-        if len(directives) > self.config.max_directives:
-            raise APIError(400, "too_many_directives", f"at most {self.config.max_directives} directives", param)
-        for i, d in enumerate(directives):
-            if len(d.replacement) > self.config.max_replacement_tokens:
-                raise APIError(
-                    400,
-                    "replacement_too_long",
-                    f"directive {i}: replacement longer than {self.config.max_replacement_tokens} tokens",
-                    f"{param}.{i}.replacement",
-                )
-
-    def check_tokens(self, tokens: list[int], param: str) -> None:
-        """Token ids must exist in the vocabulary, and fit the context."""
-        vocab = self.engine.info.vocab_size
-        bad = [t for t in tokens if t < 0 or t >= vocab]
-        if bad:
-            raise APIError(400, "token_invalid", f"token {bad[0]} is outside the vocabulary", param)
-        if len(tokens) > self.context_tokens:
-            raise APIError(400, "context_length_exceeded", f"more than {self.context_tokens} tokens", param)
-
-    def _overflow(self, base: int, directives: Sequence[Directive], blocks: Any) -> tuple[int, str] | None:
-        """(index, message) of the directive whose result would pass the context, or ``None``."""
-        over = overflowing_directive(base, directives, blocks, self.context_tokens)
-        if over is None:
-            return None
-        i, length = over
-        context = self.context_tokens
-        return i, f"directive {i}: the result would be {length} tokens long (from {base}); the context holds {context}"
-
     def _record(self, report: SpliceReport | None) -> None:
         if report is None:
             return
@@ -167,7 +137,7 @@ class LeylineService:
         release its handle. Hold the context for as long as the turn decodes."""
         tokens, auto = prompt.tokens, prompt.auto
         if ext is not None:
-            self.check_directives(ext.directives, "leyline.directives")
+            check_directives(self.config, ext.directives, "leyline.directives")
         await self.room.reserve(ticket, len(tokens) + max_tokens)  # a session's old base: below
         if ext is not None:
             session, fallback = resolve_session(self.sessions, self.salt(owner), ext, owner)
@@ -181,12 +151,13 @@ class LeylineService:
                 self.engine.release(chat.turn.handle)
             return
         async with AsyncExitStack() as held:
+            named = held.enter_context(self.blocks.using((d.block for d in ext.directives) if ext else (), owner))
             await held.enter_async_context(self.sessions.use(session))
             if auto is not None and auto.session is not None and not self.auto.continues(session, auto):
                 await held.aclose()  # another request moved that conversation on: a new session
                 auto.session, session = None, self.sessions.open(owner, self.salt(owner))
                 await held.enter_async_context(self.sessions.use(session))
-            chat = await self._session_turn(ext, owner, session, prompt, ticket, max_tokens, fallback)
+            chat = await self._session_turn(ext, owner, session, prompt, ticket, max_tokens, fallback, named)
             try:
                 yield chat
             finally:
@@ -201,6 +172,7 @@ class LeylineService:
         ticket: Ticket,
         max_tokens: int,
         fallback: FallbackInfo | None,
+        named: Mapping[str, Handle],
     ) -> ChatTurn:
         tokens, auto = prompt.tokens, prompt.auto
         request, base_fallback = None, None
@@ -210,16 +182,16 @@ class LeylineService:
             assert ext is not None
             self.auto.forget(session)  # a client's own splices: no longer a plain client's conversation
             if session.handle is not None:
-                request, base_fallback = splice_request(self.blocks, ext, session, tokens)
+                request, base_fallback = splice_request(named, ext, session, tokens)
             elif ext.directives and fallback is None:
                 message = "a new session has no base to apply directives to"
                 if ext.strict:
                     raise APIError(409, "base_mismatch", message, "leyline.directives")
                 base_fallback = FallbackInfo(code="base_mismatch", message=message)
         base = session.tokens
-        overflow = self._overflow(len(base), ext.directives, request.blocks) if ext and request else None
-        if overflow is not None:
-            raise APIError(400, "context_length_exceeded", overflow[1], f"leyline.directives.{overflow[0]}")
+        too_long = overflow(len(base), ext.directives, request.blocks, self.context_tokens) if ext and request else None
+        if too_long is not None:
+            raise APIError(400, "context_length_exceeded", too_long[1], f"leyline.directives.{too_long[0]}")
         if tokens[: len(base)] != base:  # the old base stays pinned until the new one is built
             await self.room.reserve(ticket, len(base))
         handle, session.handle = session.handle, None
@@ -304,7 +276,7 @@ class LeylineService:
         """Prefill ``tokens`` and open a session on them."""
         if not tokens:
             raise APIError(400, "empty_session", "a session needs at least one token", "tokens")
-        self.check_tokens(tokens, "tokens")
+        check_tokens(tokens, self.engine.info.vocab_size, self.context_tokens, "tokens")
         await self.room.reserve(ticket, len(tokens))
         session = self.sessions.open(owner, self.salt(owner))
         async with self.sessions.use(session):
@@ -337,44 +309,55 @@ class LeylineService:
     ) -> tuple[Session, SpliceReport]:
         """Splice a session without generating; a result longer than the context is not applied
         (422 when strict), like any other directive that cannot apply."""
-        self.check_directives(directives, "directives")
+        check_directives(self.config, directives, "directives")
         session = self.get_session(session_id, owner)
         async with self.sessions.use(session):
             if session.handle is None:
                 raise APIError(404, "session_not_found", f"session {session_id!r} holds no cache", "session_id")
             self.auto.forget(session)
-            blocks = self.blocks.resolve((d.block for d in directives), owner)
-            length = len(session.tokens)
-            overflow = self._overflow(length, directives, blocks)
-            if overflow is not None:
-                i, message = overflow
-                if strict:
-                    raise self._splice_error(SpliceError(FallbackCode.CONTEXT_LENGTH, message), f"directives.{i}")
-                fallback = Fallback(code=FallbackCode.CONTEXT_LENGTH, message=message)
-                report = SpliceReport(applied=False, fallback=fallback)
-                self._record(report)
-                return session, report
-            await self.room.reserve(ticket, length + (result_length(length, directives, blocks) or 0))
-            handle, session.handle = session.handle, None
-            ref = (base.length, base.digest) if base else (None, None)
-            request = SpliceRequest(directives, ref[0], ref[1], strict, blocks=blocks)
-            try:
-                session.handle, report = await self.engine.splice(handle, request)
-            except SpliceError as exc:
-                session.handle = handle
-                raise self._splice_error(exc, "directives") from exc
-            except CapacityError as exc:
-                self.sessions.drop(session)
-                raise APIError(503, "capacity", str(exc)) from exc
+            with self.blocks.using((d.block for d in directives), owner) as blocks:
+                report = await self._splice_held(session, directives, base, strict, ticket, blocks)
         self._record(report)
         self.metrics.record_tokens(report.reused_tokens, report.rotated_tokens, report.prefilled_tokens, 0)
         return session, report
+
+    async def _splice_held(
+        self,
+        session: Session,
+        directives: list[Directive],
+        base: BaseRef | None,
+        strict: bool,
+        ticket: Ticket,
+        blocks: Mapping[str, Handle],
+    ) -> SpliceReport:
+        """The splice of a session the caller holds, with the blocks it names held too."""
+        length = len(session.tokens)
+        too_long = overflow(length, directives, blocks, self.context_tokens)
+        if too_long is not None:
+            i, message = too_long
+            if strict:
+                raise self._splice_error(SpliceError(FallbackCode.CONTEXT_LENGTH, message), f"directives.{i}")
+            return SpliceReport(applied=False, fallback=Fallback(code=FallbackCode.CONTEXT_LENGTH, message=message))
+        await self.room.reserve(ticket, length + (result_length(length, directives, blocks) or 0))
+        handle, session.handle = session.handle, None
+        assert handle is not None
+        ref = (base.length, base.digest) if base else (None, None)
+        request = SpliceRequest(directives, ref[0], ref[1], strict, blocks=blocks)
+        try:
+            session.handle, report = await self.engine.splice(handle, request)
+        except SpliceError as exc:
+            session.handle = handle
+            raise self._splice_error(exc, "directives") from exc
+        except CapacityError as exc:
+            self.sessions.drop(session)
+            raise APIError(503, "capacity", str(exc)) from exc
+        return report
 
     async def open_block(self, owner: str | None, tokens: list[int], ticket: Ticket) -> Block:
         """Prefill ``tokens`` alone at positions ``[0, n)`` and keep them as a block."""
         if not tokens:
             raise APIError(400, "empty_block", "a block needs at least one token", "tokens")
-        self.check_tokens(tokens, "tokens")
+        check_tokens(tokens, self.engine.info.vocab_size, self.context_tokens, "tokens")
         await self.room.reserve(ticket, len(tokens))
         block_id = self.blocks.new_id()
         scope = CacheScope(self.salt(owner), f"block:{block_id}")

@@ -9,7 +9,6 @@ from leyline_sdk.directives import Directive, check, digest
 from leyline_sdk.errors import DirectiveError
 from leyline_sdk.wire import FallbackInfo, LeylineRequest
 from leyline_server.api.errors import APIError
-from leyline_server.blocks import BlockStore
 from leyline_server.engines.base import Handle, SpliceRequest
 from leyline_server.sessions import Session, SessionStore
 
@@ -34,9 +33,10 @@ def resolve_session(
 
 
 def splice_request(
-    blocks: BlockStore, ext: LeylineRequest, session: Session, prompt: list[int]
+    named: Mapping[str, Handle], ext: LeylineRequest, session: Session, prompt: list[int]
 ) -> tuple[SpliceRequest | None, FallbackInfo | None]:
-    """What to ask the engine for: (splice request, a base fallback to report)."""
+    """What to ask the engine for: (splice request, a base fallback to report); ``named`` holds
+    the blocks the directives may name (``BlockStore.using``)."""
     base = session.tokens
     if (
         ext.base is not None
@@ -49,7 +49,6 @@ def splice_request(
     if not ext.directives:
         return None, None
     ref = ext.base
-    named = blocks.resolve((d.block for d in ext.directives), session.owner)
     request = SpliceRequest(
         ext.directives, ref.length if ref else None, ref.digest if ref else None, ext.strict, prompt, named
     )
