@@ -161,3 +161,20 @@ def test_through_sglangs_router(server):
     finally:
         router.terminate()
         router.wait(timeout=10)
+
+
+async def test_continue_final_message_appends_the_message_to_the_generation_prompt(server):
+    from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
+
+    started = [*ASK, {"role": "assistant", "content": "Well, the"}]
+    async with httpx.AsyncClient(base_url=server, timeout=60) as c:
+        head = await c.post("/v1/leyline/tokenize", json={"messages": ASK, "add_generation_prompt": True})
+        body = {"model": MODEL, "messages": started, "max_tokens": 4, "temperature": 0}
+        r = await c.post("/v1/chat/completions", json={**body, "continue_final_message": True})
+        assert r.status_code == 200, r.text
+        tail = load_tiny_tokenizer()("Well, the", add_special_tokens=False)["input_ids"]
+        assert r.json()["usage"]["prompt_tokens"] == len(head.json()["tokens"]) + len(tail)
+        lone = await c.post("/v1/chat/completions", json={**body, "messages": ASK, "continue_final_message": True})
+        assert lone.status_code == 400 and lone.json()["error"]["param"] == "continue_final_message"
+        unread = await c.post("/v1/chat/completions", json={**body, "chat_template_kwargs": {"nowhere": 1}})
+        assert unread.status_code == 400 and unread.json()["error"]["param"] == "chat_template_kwargs.nowhere"

@@ -62,3 +62,37 @@ def test_logprobs_are_the_models_log_softmax():
     assert step.token == 1 and abs(step.logprob - float(expected[1])) < 1e-12
     assert [t.token for t in step.top_logprobs] == [1, 3]
     assert abs(step.top_logprobs[1].logprob - float(expected[3])) < 1e-12
+
+
+def test_repetition_penalty_is_sglangs():
+    logits = torch.tensor([2.0, 1.9, -1.0, -1.1])
+    sampler = Sampler(SamplingParams(repetition_penalty=2.0))
+    seen: set[int] = set()
+    picked = []
+    for _ in range(6):  # the naive oracle: seen tokens' positive logits halved, negative ones doubled
+        naive = [x if i not in seen else (x / 2.0 if x > 0 else x * 2.0) for i, x in enumerate(logits.tolist())]
+        expected = max(range(4), key=lambda i: naive[i])
+        token = sampler.step(logits).token
+        assert token == expected
+        seen.add(token)
+        picked.append(token)
+    assert picked[:3] == [0, 1, 0]
+
+
+def draws(params: SamplingParams, logits: torch.Tensor, n: int = 4000) -> torch.Tensor:
+    """How often each token is drawn in ``n`` steps (no penalties: the steps are independent)."""
+    sampler = Sampler(params)
+    counts = torch.zeros(logits.numel())
+    for _ in range(n):
+        counts[sampler.step(logits).token] += 1
+    return counts / n
+
+
+def test_top_k_and_min_p_keep_the_right_tokens_with_the_right_weights():
+    logits = torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1]))
+    top2 = draws(SamplingParams(temperature=1.0, top_k=2, seed=1), logits)
+    assert torch.allclose(top2, torch.tensor([4 / 7, 3 / 7, 0, 0]), atol=0.03), top2
+    # min_p 0.6: tokens below 0.6 * 0.4 = 0.24 go (0.2 and 0.1)
+    kept = draws(SamplingParams(temperature=1.0, min_p=0.6, seed=2), logits)
+    assert torch.allclose(kept, torch.tensor([4 / 7, 3 / 7, 0, 0]), atol=0.03), kept
+    assert draws(SamplingParams(temperature=1.0, top_k=1, seed=3), logits, 50).tolist() == [1.0, 0, 0, 0]

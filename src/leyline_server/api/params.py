@@ -42,7 +42,7 @@ def check_request(req: ChatCompletionRequest) -> None:
 def _logit_bias(raw: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
     out: dict[int, float] = {}
     for key, value in (raw or {}).items():
-        if not key.isdigit() or int(key) >= vocab_size:
+        if not (key.isascii() and key.isdigit() and len(key) <= 10) or int(key) >= vocab_size:
             raise _invalid(f"logit_bias key {key!r} is not a token id", "logit_bias")
         if not -100 <= value <= 100:
             raise _invalid("logit_bias values must lie in [-100, 100]", "logit_bias")

@@ -7,11 +7,12 @@ never ignored.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from leyline_sdk.directives import Directive
+from leyline_sdk.directives import Directive, Index
 from leyline_sdk.wire import BaseRef, LeylineRequest
 from leyline_server.api.errors import APIError
 
@@ -41,13 +42,14 @@ class Message(BaseModel):
     content: str | list[dict[str, Any]] | None = None
 
 
-def check_content(messages: list[Message], param: str = "messages") -> None:
-    """400 naming ``messages.<i>.content.<j>`` for a content part that is not text."""
+def check_content(messages: Sequence[Any], param: str = "messages") -> None:
+    """400 naming ``messages.<i>.content.<j>`` for a content part that is not text (messages: models or dicts)."""
     for i, message in enumerate(messages):
-        if not isinstance(message.content, list):
+        content = message.get("content") if isinstance(message, Mapping) else getattr(message, "content", None)
+        if not isinstance(content, list):
             continue
-        for j, part in enumerate(message.content):
-            kind = part.get("type")
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, Mapping) else None
             where = f"{param}.{i}.content.{j}"
             if kind != "text":
                 raise APIError(
@@ -82,7 +84,7 @@ class ChatCompletionRequest(BaseModel):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)  # int64 or uint64, as samplers take
     stop: str | list[str] | None = None
     n: int | None = Field(default=None, ge=1)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
@@ -182,7 +184,7 @@ class SessionCreateRequest(BaseModel):
 
     messages: list[Message] | None = None
     tools: list[dict[str, Any]] | None = None
-    tokens: list[int] | None = None
+    tokens: list[Index] | None = None  # token ids (JSON booleans are refused, not read as 0 and 1)
 
 
 class BlockCreateRequest(BaseModel):
@@ -190,7 +192,7 @@ class BlockCreateRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    tokens: list[int] | None = None
+    tokens: list[Index] | None = None
     messages: list[Message] | None = Field(default=None, min_length=1)
     tools: list[dict[str, Any]] | None = None
 
