@@ -34,6 +34,7 @@ TOY = {
 REAL = {
     "bench_agreement.py": ["--conversations", "1", "--edits", "1", "--edit-cases", "1", "--facts", "1", "--png", ""],
     "bench_speed.py": ["--contexts", "64", "--repeat", "1", "--decode", "4"],
+    "bench_constrained.py": ["--tokens", "8", "--repeat", "1"],
     "bench_notes.py": [*"--cases 1 --fillers 1 --block-sizes 200 --questions 1".split(), "--md", "", "--png", ""],
 }
 if importlib.util.find_spec("llama_cpp") is not None:  # the llamacpp extra (make test builds it)
