@@ -92,9 +92,9 @@ class Call:
             yield chunk
         self.session.record(self.turn, leyline, usage)
 
-    def failed(self, exc: openai.NotFoundError) -> Exception:
-        """The exception to raise for a 404 (a strict session's lost server session: a fallback)."""
-        return self.session.session_gone(exc)
+    def failed(self, exc: openai.APIStatusError) -> Exception:
+        """The exception to raise for an error answer (a strict session's refused splice: a fallback)."""
+        return self.session.refused(exc)
 
 
 async def prepare_call(

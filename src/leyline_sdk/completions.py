@@ -22,7 +22,7 @@ from openai._compat import cached_property
 from openai.resources.chat import AsyncChat, Chat
 from openai.resources.chat.completions import AsyncCompletions, Completions
 
-from leyline_sdk.calls import Call, SessionSource, prepare_call, with_post_parser
+from leyline_sdk.calls import SessionSource, prepare_call, with_post_parser
 from leyline_sdk.routes import drive
 from leyline_sdk.session import LeylineSession
 
@@ -37,10 +37,6 @@ def _options(kwargs: dict[str, Any]) -> dict[str, Any]:
     if parser is not None:
         kwargs["options"] = with_post_parser(kwargs.get("options") or {}, parser)
     return kwargs
-
-
-def _failed(call: Call, exc: openai.NotFoundError) -> Exception:
-    return call.failed(exc)
 
 
 class AsyncLeylineCompletions(AsyncCompletions):
@@ -63,11 +59,11 @@ class AsyncLeylineCompletions(AsyncCompletions):
         token = _PARSER.set(call.post_parser)
         try:
             return await send(self, **call.kwargs)
-        except openai.NotFoundError as exc:
-            gone = _failed(call, exc)
-            if gone is exc:
+        except openai.APIStatusError as exc:
+            refused = call.failed(exc)
+            if refused is exc:
                 raise
-            raise gone from exc
+            raise refused from exc
         finally:
             _PARSER.reset(token)
 
@@ -106,11 +102,11 @@ class LeylineCompletions(Completions):
         token = _PARSER.set(call.post_parser)
         try:
             return send(self, **call.kwargs)
-        except openai.NotFoundError as exc:
-            gone = _failed(call, exc)
-            if gone is exc:
+        except openai.APIStatusError as exc:
+            refused = call.failed(exc)
+            if refused is exc:
                 raise
-            raise gone from exc
+            raise refused from exc
         finally:
             _PARSER.reset(token)
 

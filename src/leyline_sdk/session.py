@@ -39,6 +39,7 @@ from typing import Any
 
 import openai
 
+from leyline_sdk import session_ops
 from leyline_sdk.blocks import Blocks, block_fingerprint, place_blocks, strip_block_marks, with_repair
 from leyline_sdk.diff import diff_to_directives
 from leyline_sdk.directives import Directive, Mode, apply, digest
@@ -52,7 +53,7 @@ from leyline_sdk.stats import TurnStats, _Turn
 from leyline_sdk.templates import Source
 from leyline_sdk.turns import decoder_of, explain_turn, local_chat, render_tokens, seen_view
 from leyline_sdk.validation import check_messages, check_tools
-from leyline_sdk.wire import BaseRef, DirectivesResult, LeylineRequest, LeylineResult
+from leyline_sdk.wire import BaseRef, LeylineRequest, LeylineResult
 
 __all__ = ["LeylineSession", "TurnStats"]
 
@@ -106,6 +107,8 @@ class LeylineSession:
         self._unedited: list[int] | None = None  # see _render_unedited
         self._turn_sources: list[Source] = []
         self._pending_modes: dict[int, Mode] = {}  # edits sync_edits left to the next request
+        self._unrecorded: _Turn | None = None  # a turn sent with the extension, not recorded yet
+        self._abandoned: list[str] = []  # server sessions a strict refusal left, to delete
         self._on_use = on_use
 
     # -- state ------------------------------------------------------------------------------------
@@ -269,8 +272,14 @@ class LeylineSession:
         self.history = messages
         if self._on_use is not None:
             self._on_use(self)
+        while self._abandoned:
+            await session_ops.delete(self.routes, self._abandoned.pop(), quiet=True)
+        if self._unrecorded is not None:
+            sent, self._unrecorded = self._unrecorded, None
+            await session_ops.resync(self, sent)
         turn = await self._prepare(tools)
         turn.started = started
+        self._unrecorded = turn if turn.extension is not None else None
         return turn
 
     def record(self, turn: _Turn, leyline: Mapping[str, Any] | None, usage: Any, completion: Any = None) -> None:
@@ -298,6 +307,8 @@ class LeylineSession:
             self._adopt_result(turn, result, stats)
         stats.elapsed_ms = (time.perf_counter() - turn.started) * 1e3
         self.stats.append(stats)
+        if self._unrecorded is turn:
+            self._unrecorded = None
         if self.strict and result is not None and result.fallback is not None:
             raise SpliceFallbackError(result.fallback.code, result.fallback.message, completion)
 
@@ -317,14 +328,18 @@ class LeylineSession:
             self._forget_base()
             stats.fallback = stats.fallback or "tokenizer_mismatch"
 
-    def session_gone(self, exc: openai.NotFoundError) -> Exception:
-        """What to raise for a 404: a strict request for a session the server no longer has
-        becomes ``SpliceFallbackError("session_not_found")`` (the next request starts over)."""
-        if exc.code != "session_not_found" or self.session_id is None:
-            return exc
-        self.session_id = None
-        self._forget_base()
-        return SpliceFallbackError("session_not_found", str(exc))
+    def refused(self, exc: openai.APIStatusError) -> Exception:
+        """What to raise for an error answer to this session's request (``session_ops.refused``)."""
+        return session_ops.refused(self, exc)
+
+    async def sync_edits(self, tools: Sequence[Mapping[str, Any]] | None = None) -> TurnStats | None:
+        """Run the policies now and splice the server's cache without generating (while a tool runs).
+
+        Returns the stats of the splice, or ``None`` when there is nothing to send. A server that
+        no longer knows the session is reported as ``fallback == "session_not_found"``; the next
+        ``create`` then opens a new one.
+        """
+        return await session_ops.splice_now(self, tools)
 
     async def create(
         self,
@@ -345,65 +360,6 @@ class LeylineSession:
             raise TypeError("this session belongs to a blocking client: use the session Leyline.session() returned")
         return await self._send(self, model=model, messages=messages, tools=tools, stream=stream, **kwargs)
 
-    async def sync_edits(self, tools: Sequence[Mapping[str, Any]] | None = None) -> TurnStats | None:
-        """Run the policies now and splice the server's cache without generating (while a tool runs).
-
-        Returns the stats of the splice, or ``None`` when there is nothing to send. A server that
-        no longer knows the session is reported as ``fallback == "session_not_found"``; the next
-        ``create`` then opens a new one.
-        """
-        if self.session_id is None:
-            return None
-        started = time.perf_counter()
-        if self._on_use is not None:
-            self._on_use(self)
-        self._fallback_code = None
-        tools = check_tools(tools) if tools is not None else self.tools
-        effective, modes, report = self._run_policies(tools)
-        prompt = await self.renderer.render(effective, tools)
-        planned = self._directives(effective, prompt, modes, turn=False) if prompt is not None else None
-        if not planned or not planned[0] or self.base_tokens is None:
-            return None
-        directives, seen = planned
-        directives = with_repair(directives, self.seam_repair)
-        stats = TurnStats(
-            turn=len(self.stats) + 1,
-            directives=len(directives),
-            cleared=len(report.cleared),
-            removed_chars=report.removed_chars,
-        )
-        await self._send_directives(directives, seen, stats)
-        stats.elapsed_ms = (time.perf_counter() - started) * 1e3
-        self.stats.append(stats)
-        return stats
-
-    async def _send_directives(self, directives: list[Directive], seen: RenderedConversation, stats: TurnStats) -> None:
-        assert self.base_tokens is not None and self.session_id is not None
-        body = {
-            "base": BaseRef(length=len(self.base_tokens), digest=self._base_digest).model_dump(),
-            "directives": [d.model_dump(mode="json") for d in directives],
-            "strict": self.strict,
-        }
-        try:
-            raw = await self.routes.post(f"/leyline/sessions/{self.session_id}/directives", body)
-        except openai.NotFoundError as exc:
-            self.session_id = None
-            self._forget_base()
-            stats.fallback = "session_not_found"
-            if self.strict:
-                raise SpliceFallbackError("session_not_found", str(exc)) from exc
-            return
-        result = DirectivesResult.model_validate(raw)
-        stats.count(result)
-        stats.fallback = result.fallback.code if result.fallback else None
-        self.last_directives = directives
-        new_base = apply(self.base_tokens, directives)
-        new_digest = digest(new_base)
-        if result.base.digest == new_digest:
-            self._adopt(new_base, new_digest, self.effective[: len(self._seen)], seen)
-        elif result.base.digest != self._base_digest:  # neither the old nor the new base: unknown
-            self._forget_base()
-
     # -- lookup and lifetime ----------------------------------------------------------------------
     def matches(self, messages: Sequence[Mapping[str, Any]]) -> int:
         """Length of the history prefix ``messages`` shares with this session (0 if it diverges)."""
@@ -417,7 +373,4 @@ class LeylineSession:
         session_id, self.session_id = self.session_id, None
         self._forget_base()
         if session_id is not None:
-            try:
-                await self.routes.delete(f"/leyline/sessions/{session_id}")
-            except openai.NotFoundError:
-                pass
+            await session_ops.delete(self.routes, session_id)

@@ -3,6 +3,9 @@
 Status codes: 400 malformed request or unsupported parameter, 401 authentication, 404 unknown
 model or session, 409 base mismatch (strict), 413 body too large, 422 directive not applicable
 (strict), 500 a server bug (with a request id), 503 no KV capacity.
+
+A 409 carries ``x-should-retry: false``: openai-python's clients retry 409 as a lock timeout,
+but a base mismatch is an answer, not a transient state, and the same request meets it again.
 """
 
 from __future__ import annotations
@@ -65,7 +68,8 @@ def install_error_handlers(app: Any) -> None:
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return JSONResponse(error_body(exc.status, exc.code, exc.message, exc.param), status_code=exc.status)
+        headers = {"x-should-retry": "false"} if exc.status == 409 else None
+        return JSONResponse(error_body(exc.status, exc.code, exc.message, exc.param), exc.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
