@@ -128,7 +128,7 @@ class Call:
 async def prepare_call(
     client: SessionSource, kwargs: Mapping[str, Any], session: LeylineSession | None = None
 ) -> Call | None:
-    """The session's version of ``kwargs``; ``None`` when the caller sent its own ``leyline`` field.
+    """The session's version of ``create``'s ``kwargs``; ``None`` when the caller sent its own ``leyline``.
 
     ``session``: an explicit session (``messages`` / ``tools`` left out mean its history / tools);
     otherwise the remembered session whose history the messages extend, or a new one.
@@ -141,7 +141,6 @@ async def prepare_call(
     messages = kwargs.get("messages")
     if session is not None and messages is None:
         messages = session.history
-    history = wire_messages(check_messages(messages))  # as openai would send them: JSON all the way down
     out = dict(kwargs)
     tools = check_tools(kwargs["tools"]) if given(kwargs.get("tools")) else None
     if session is not None and tools is None and session.tools:
@@ -149,14 +148,39 @@ async def prepare_call(
         out["tools"] = tools
     elif session is not None and "tools" in out and out["tools"] is None:
         del out["tools"]  # a session's "no tools given", not a null to send
-    state = client._leyline_state
-    await state.registry.reap()
-    if session is None:
-        session = state.registry.find(history) or client._new_session()
-    turn = await session.prepare(history, tools)
+    session, turn = await _prepare_turn(client, messages, tools, session)
     out["messages"] = []  # the effective messages go in extra_body: see the module docstring
     body = {**(extra_body or {}), "messages": turn.effective}
     if turn.extension is not None:
         body["leyline"] = turn.extension.model_dump(mode="json", exclude_none=True)
     out["extra_body"] = body
     return Call(session, turn, out)
+
+
+async def prepare_post(
+    client: SessionSource, body: Mapping[str, Any], options: Mapping[str, Any]
+) -> tuple[Call, dict[str, Any], dict[str, Any]] | None:
+    """A ``client.post("/chat/completions", body=..., options=...)`` made outside ``create`` (LiteLLM
+    posts its own bodies): the call, its body with the effective messages, and its options with the
+    ``leyline`` extension in ``extra_json``. ``None`` when the request carries its own extension."""
+    extra = options.get("extra_json")
+    if "leyline" in body or (isinstance(extra, Mapping) and "leyline" in extra):
+        return None
+    tools = check_tools(body["tools"]) if given(body.get("tools")) else None
+    session, turn = await _prepare_turn(client, body.get("messages"), tools, None)
+    new_options = dict(options)
+    if turn.extension is not None:
+        extension = turn.extension.model_dump(mode="json", exclude_none=True)
+        new_options["extra_json"] = {**(extra or {}), "leyline": extension}
+    return Call(session, turn, {}), {**body, "messages": turn.effective}, new_options
+
+
+async def _prepare_turn(
+    client: SessionSource, messages: Any, tools: list[dict[str, Any]] | None, session: LeylineSession | None
+) -> tuple[LeylineSession, _Turn]:
+    history = wire_messages(check_messages(messages))  # as openai would send them: JSON all the way down
+    state = client._leyline_state
+    await state.registry.reap()
+    if session is None:
+        session = state.registry.find(history) or client._new_session()
+    return session, await session.prepare(history, tools)

@@ -30,7 +30,9 @@ deleted at the next call) and ``seam_repair`` (tokens recomputed after each ``am
 replacement). ``with_options`` keeps them (and can change ``policies``, ``tokenizer``, ``strict``,
 ``seam_repair``); a copy for the same base URL and key shares the parent's sessions
 (:mod:`leyline_sdk.registry`). Sessions are explicit (``client.session(...)``) or found by the
-longest known message prefix. ``close()`` (``async with`` exit) deletes the server-side sessions
+longest known message prefix; ``chat.completions.create`` / ``parse`` / ``stream`` and any other
+``POST /chat/completions`` made through the client (LiteLLM posts its own request bodies with
+``client.post``) go through them. ``close()`` (``async with`` exit) deletes the server-side sessions
 of every remembered session, then closes the HTTP client. Against a server without Leyline (no
 ``/v1/leyline/tokenize``) the client is a plain openai client: policies still shorten the
 context, and no ``leyline`` field is sent.
@@ -39,13 +41,13 @@ context, and no ``leyline`` field is sent.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import openai
 from openai._compat import cached_property
 
 from leyline_sdk.blocks import Blocks
-from leyline_sdk.completions import AsyncLeylineChat, LeylineChat
+from leyline_sdk.completions import AsyncLeylineChat, LeylineChat, route_post, route_post_sync
 from leyline_sdk.options import LeylineOptions, connection
 from leyline_sdk.registry import ClientState
 from leyline_sdk.renderer import LocalRenderer, Renderer, ServerRenderer
@@ -170,6 +172,12 @@ class AsyncLeyline(_LeylineParts, openai.AsyncOpenAI):
         )
         self._setup(options, _leyline_state, AsyncRoutes(self))
 
+    if not TYPE_CHECKING:  # type checkers see openai's overloads
+
+        async def post(self, path, **kwargs):
+            """openai's ``post``; a ``POST /chat/completions`` goes through a session (``route_post``)."""
+            return await route_post(self, super().post, path, kwargs)
+
     @cached_property
     def chat(self) -> AsyncLeylineChat:  # type: ignore[override]
         """openai's ``chat`` resource, with Leyline's ``completions``."""
@@ -256,6 +264,12 @@ class Leyline(_LeylineParts, openai.OpenAI):
             base_url=base_url, api_key=api_key, max_retries=max_retries, _enforce_credentials=False, **kwargs
         )
         self._setup(options, _leyline_state, SyncRoutes(self))
+
+    if not TYPE_CHECKING:
+
+        def post(self, path, **kwargs):
+            """openai's ``post``; a ``POST /chat/completions`` goes through a session (``route_post``)."""
+            return route_post_sync(self, super().post, path, kwargs)
 
     @cached_property
     def chat(self) -> LeylineChat:  # type: ignore[override]

@@ -5,15 +5,17 @@
 through a session (:func:`~leyline_sdk.calls.prepare_call`) and then call openai's own method,
 so argument handling, ``with_raw_response``, ``with_streaming_response``, ``stream()``, retries,
 errors, ``AsyncStream`` and ``_request_id`` are openai-python's. The session records the turn
-through openai's post-parser hook: the resource's ``_post`` adds it to the one request the
-call makes (a context variable carries it there, so concurrent calls never mix).
+through openai's post-parser hook: the client's ``post`` (:func:`route_post` /
+:func:`route_post_sync`) adds it to the one request the call makes (context variables carry it
+there, so concurrent calls never mix). A ``POST /chat/completions`` made through the client
+outside ``create`` — LiteLLM posts its own request bodies — goes through a session there too.
 
 For type checkers ``create`` and ``parse`` keep openai's signatures and overloads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -22,21 +24,75 @@ from openai._compat import cached_property
 from openai.resources.chat import AsyncChat, Chat
 from openai.resources.chat.completions import AsyncCompletions, Completions
 
-from leyline_sdk.calls import SessionSource, prepare_call, with_post_parser
+from leyline_sdk.calls import Call, SessionSource, prepare_call, prepare_post, with_post_parser
 from leyline_sdk.routes import drive
 from leyline_sdk.session import LeylineSession
 
-__all__ = ["AsyncLeylineChat", "AsyncLeylineCompletions", "LeylineChat", "LeylineCompletions"]
+__all__ = [
+    "AsyncLeylineChat",
+    "AsyncLeylineCompletions",
+    "LeylineChat",
+    "LeylineCompletions",
+    "route_post",
+    "route_post_sync",
+]
 
 _PARSER: ContextVar[Callable[[Any], Any] | None] = ContextVar("leyline_post_parser", default=None)
+_IN_CALL: ContextVar[bool] = ContextVar("leyline_in_call", default=False)
+CHAT_PATH = "/chat/completions"
 
 
-def _options(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``kwargs`` of a ``post`` with the current call's post-parser added to its options."""
+def _hooked(path: str, kwargs: dict[str, Any]) -> bool:
+    """Add the current call's post-parser to a ``post``'s options; whether it was a call's request."""
     parser = _PARSER.get()
-    if parser is not None:
-        kwargs["options"] = with_post_parser(kwargs.get("options") or {}, parser)
-    return kwargs
+    if parser is None or path != CHAT_PATH:
+        return _IN_CALL.get()
+    kwargs["options"] = with_post_parser(kwargs.get("options") or {}, parser)
+    return True
+
+
+def _direct(path: str, kwargs: dict[str, Any]) -> bool:
+    body = kwargs.get("body")
+    return path == CHAT_PATH and isinstance(body, Mapping) and "messages" in body
+
+
+async def route_post(client: Any, super_post: Callable[..., Awaitable[Any]], path: str, kwargs: dict[str, Any]) -> Any:
+    """The async client's ``post``: a ``create``'s request gets its post-parser; a chat request made
+    outside ``create`` goes through a session; anything else is openai's ``post``."""
+    if _hooked(path, kwargs) or not _direct(path, kwargs):
+        return await super_post(path, **kwargs)
+    prepared = await prepare_post(client, kwargs["body"], kwargs.get("options") or {})
+    if prepared is None:
+        return await super_post(path, **kwargs)
+    call, kwargs["body"], kwargs["options"] = prepared
+    kwargs["options"] = with_post_parser(kwargs["options"], call.post_parser)
+    try:
+        return await super_post(path, **kwargs)
+    except openai.APIStatusError as exc:
+        raise _refused(call, exc) from exc
+
+
+def route_post_sync(client: Any, super_post: Callable[..., Any], path: str, kwargs: dict[str, Any]) -> Any:
+    """The blocking client's ``post`` (see :func:`route_post`)."""
+    if _hooked(path, kwargs) or not _direct(path, kwargs):
+        return super_post(path, **kwargs)
+    prepared = drive(prepare_post(client, kwargs["body"], kwargs.get("options") or {}))
+    if prepared is None:
+        return super_post(path, **kwargs)
+    call, kwargs["body"], kwargs["options"] = prepared
+    kwargs["options"] = with_post_parser(kwargs["options"], call.post_parser)
+    try:
+        return super_post(path, **kwargs)
+    except openai.APIStatusError as exc:
+        raise _refused(call, exc) from exc
+
+
+def _refused(call: Call, exc: openai.APIStatusError) -> Exception:
+    """``exc`` itself, or the strict session's fallback error it becomes (raised from ``exc``)."""
+    refused = call.failed(exc)
+    if refused is exc:
+        raise exc
+    return refused
 
 
 class AsyncLeylineCompletions(AsyncCompletions):
@@ -45,27 +101,25 @@ class AsyncLeylineCompletions(AsyncCompletions):
     def __init__(self, client: openai.AsyncOpenAI, source: SessionSource) -> None:
         super().__init__(client)
         self._source = source
-        self._post = self._post_with_parser  # type: ignore[method-assign]
-
-    async def _post_with_parser(self, path: str, **kwargs: Any) -> Any:
-        return await self._client.post(path, **_options(kwargs))
 
     async def _call(
         self, send: Callable[..., Awaitable[Any]], session: LeylineSession | None, kwargs: dict[str, Any]
     ) -> Any:
         call = await prepare_call(self._source, kwargs, session)
+        in_call = _IN_CALL.set(True)
         if call is None:
-            return await send(self, **kwargs)
+            try:
+                return await send(self, **kwargs)
+            finally:
+                _IN_CALL.reset(in_call)
         token = _PARSER.set(call.post_parser)
         try:
             return await send(self, **call.kwargs)
         except openai.APIStatusError as exc:
-            refused = call.failed(exc)
-            if refused is exc:
-                raise
-            raise refused from exc
+            raise _refused(call, exc) from exc
         finally:
             _PARSER.reset(token)
+            _IN_CALL.reset(in_call)
 
     async def _leyline_create(self, **kwargs: Any) -> Any:
         """openai's ``create``, in the session the messages continue (or a new one)."""
@@ -90,25 +144,23 @@ class LeylineCompletions(Completions):
     def __init__(self, client: openai.OpenAI, source: SessionSource) -> None:
         super().__init__(client)
         self._source = source
-        self._post = self._post_with_parser  # type: ignore[method-assign]
-
-    def _post_with_parser(self, path: str, **kwargs: Any) -> Any:
-        return self._client.post(path, **_options(kwargs))
 
     def _call(self, send: Callable[..., Any], session: LeylineSession | None, kwargs: dict[str, Any]) -> Any:
         call = drive(prepare_call(self._source, kwargs, session))
+        in_call = _IN_CALL.set(True)
         if call is None:
-            return send(self, **kwargs)
+            try:
+                return send(self, **kwargs)
+            finally:
+                _IN_CALL.reset(in_call)
         token = _PARSER.set(call.post_parser)
         try:
             return send(self, **call.kwargs)
         except openai.APIStatusError as exc:
-            refused = call.failed(exc)
-            if refused is exc:
-                raise
-            raise refused from exc
+            raise _refused(call, exc) from exc
         finally:
             _PARSER.reset(token)
+            _IN_CALL.reset(in_call)
 
     def _leyline_create(self, **kwargs: Any) -> Any:
         """openai's ``create``, in the session the messages continue (or a new one)."""

@@ -12,6 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from examples.trace import SYSTEM, TASK
+from leyline_policies import TruncateOlderThanN
 from leyline_sdk import AsyncLeyline
 from tests.sdk.fake_server import FakeLeyline
 
@@ -173,4 +174,29 @@ async def test_connection_errors_are_openais_after_retries():
         await client.chat.completions.create(model="m", messages=[SYSTEM])
     assert str(info.value.request.url).endswith("/v1/leyline/tokenize")  # the probe is the first call
     assert time.monotonic() - started >= 0.3  # one backoff (0.5 s nominal, minus up to 25 % jitter)
+    await client.close()
+
+
+async def test_copies_keep_leylines_arguments_and_share_sessions_with_the_same_server(chat):
+    fake = FakeLeyline(chat)
+    client = make_client(fake, tokenizer=chat, policies=[TruncateOlderThanN(2)], max_sessions=3, seam_repair=2)
+    quick = client.with_options(timeout=5.0)
+    assert (quick.policies, quick.tokenizer, quick.max_sessions, quick.seam_repair) == (
+        client.policies,
+        chat,
+        3,
+        2,
+    )
+    assert isinstance(quick, AsyncLeyline) and quick.timeout == 5.0 and not quick.strict
+    messages = [SYSTEM, TASK]
+    await client.chat.completions.create(model="m", messages=messages)
+    await quick.chat.completions.create(model="m", messages=[*messages, {"role": "user", "content": "more"}])
+    assert quick.sessions == client.sessions and len(client.sessions) == 1  # one conversation, one session
+    assert fake.chats[-1].spliced is not None  # continued through the copy
+    strict = client.copy(strict=True)
+    assert strict.strict and strict.session().strict and strict.policies == client.policies
+    elsewhere = client.with_options(base_url="http://other/v1")
+    assert elsewhere.sessions == [] and client.sessions  # another server: sessions of its own
+    with pytest.raises(ValueError, match="seam_repair"):
+        client.with_options(seam_repair=-1)
     await client.close()
