@@ -2,7 +2,8 @@
 
 Status codes: 400 malformed request or unsupported parameter, 401 authentication, 404 unknown
 model or session, 409 base mismatch (strict), 413 body too large, 422 directive not applicable
-(strict), 500 a server bug (with a request id), 503 no KV capacity.
+(strict), 429 the key is at its share (with ``Retry-After``), 500 a server bug (with a request
+id), 503 no KV capacity.
 
 A 409 carries ``x-should-retry: false``: openai-python's clients retry 409 as a lock timeout,
 but a base mismatch is an answer, not a transient state, and the same request meets it again.
@@ -36,9 +37,12 @@ _TYPES = {
 class APIError(Exception):
     """An error answered to the client with ``status`` and OpenAI's error body."""
 
-    def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
+    def __init__(
+        self, status: int, code: str, message: str, param: str | None = None, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.param = status, code, message, param
+        self.headers = headers or {}
 
 
 def error_body(status: int, code: str, message: str, param: str | None = None) -> dict[str, Any]:
@@ -68,8 +72,9 @@ def install_error_handlers(app: Any) -> None:
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        headers = {"x-should-retry": "false"} if exc.status == 409 else None
-        return JSONResponse(error_body(exc.status, exc.code, exc.message, exc.param), exc.status, headers=headers)
+        body = error_body(exc.status, exc.code, exc.message, exc.param)
+        headers = {"x-should-retry": "false", **exc.headers} if exc.status == 409 else exc.headers
+        return JSONResponse(body, status_code=exc.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
