@@ -14,7 +14,6 @@ from typing import Any
 
 import openai
 
-from leyline_sdk.errors import APIConnectionError, APIStatusError
 from leyline_server.local import local_service, serve_in_thread
 
 __all__ = ["server", "run"]
@@ -34,11 +33,11 @@ def run(main: Coroutine[Any, Any, None], base_url: str) -> int:
     """Run ``main``; a server that cannot be reached or answers 404 is one line on stderr, not a traceback."""
     try:
         asyncio.run(main)
-    except (APIConnectionError, openai.APIConnectionError) as exc:
+    except openai.APIConnectionError as exc:
         print(f"leyline: cannot reach {base_url}: {exc}", file=sys.stderr)
         return 1
-    except (APIStatusError, openai.APIStatusError) as exc:
-        status = getattr(exc, "status_code", "?")
+    except openai.APIStatusError as exc:
+        status = exc.status_code
         hint = " (does the URL end in /v1?)" if status == 404 else ""
         print(f"leyline: {base_url} answered {status}{hint}: {exc}", file=sys.stderr)
         return 1

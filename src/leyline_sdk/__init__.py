@@ -1,10 +1,15 @@
-"""Leyline SDK: directives, chat rendering, message diffing, and the async client with sessions.
+"""Leyline SDK: directives, chat rendering, message diffing, edits, and the openai client with sessions.
 
-The pure modules (``directives``, ``rendering``, ``incremental``, ``diff``, ``errors``) load
-eagerly and depend on nothing but pydantic; the client side (``AsyncLeyline``, ``Leyline``,
-``LeylineSession``, ``TurnStats``, ``Blocks``: httpx, openai and ``leyline_policies``) loads on first use, so
-``leyline_policies`` and the server can import ``leyline_sdk.directives`` without pulling the
-client in.
+Two layers, one way:
+
+* the **pure core** — ``directives``, ``wire``, ``rendering``, ``incremental``, ``diff``,
+  ``templates``, ``turns``, ``errors``, and the policy contracts ``edits``, ``errata``,
+  ``policy``, ``policy_run`` — depends on nothing but pydantic (and a tokenizer where one
+  renders). The server and the policy package (``leyline_policies``) import only these;
+* the **client** — ``AsyncLeyline`` (an ``openai.AsyncOpenAI``), ``Leyline`` (an
+  ``openai.OpenAI``), ``LeylineSession``, ``TurnStats``, ``Blocks`` — is built on openai-python
+  and loads on first use (PEP 562), so importing the core never imports openai. The SDK never
+  imports ``leyline_policies``: policies are objects handed to a client.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from leyline_sdk.rendering import ChatTokenizer, HFChatTokenizer, RenderedConver
 if TYPE_CHECKING:
     from leyline_sdk.blocks import Block, Blocks
     from leyline_sdk.client import AsyncLeyline, Leyline
+    from leyline_sdk.fallback import SpliceFallbackError
     from leyline_sdk.session import LeylineSession, TurnStats
 
 _LAZY = {
@@ -29,6 +35,7 @@ _LAZY = {
     "TurnStats": "leyline_sdk.session",
     "Block": "leyline_sdk.blocks",
     "Blocks": "leyline_sdk.blocks",
+    "SpliceFallbackError": "leyline_sdk.fallback",
 }
 
 __all__ = [
@@ -38,6 +45,7 @@ __all__ = [
     "TurnStats",
     "Block",
     "Blocks",
+    "SpliceFallbackError",
     "Directive",
     "Mode",
     "apply",

@@ -27,10 +27,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import openai
+
 from leyline_sdk.directives import Directive, Mode, apply, digest, truncate_result
-from leyline_sdk.errors import LeylineError, NotFoundError
 from leyline_sdk.rendering import RenderedConversation
-from leyline_sdk.transport import Transport
+from leyline_sdk.routes import LeylineRoutes
 from leyline_sdk.validation import check_messages, check_tools
 from leyline_sdk.wire import BlockInfo
 
@@ -55,11 +56,12 @@ class Blocks:
 
     ``for_tokens`` (used by sessions) returns a known block with exactly these tokens or creates
     one; a block whose use the server reported as failed is verified (``GET``) before it is used
-    again. A server without the blocks routes is remembered (``available is False``).
+    again. A server without the blocks routes is remembered (``available is False``). Errors are
+    openai's (``openai.NotFoundError`` for an unknown block or another key's).
     """
 
-    def __init__(self, transport: Transport, max_known: int = 1024) -> None:
-        self.transport = transport
+    def __init__(self, routes: LeylineRoutes, max_known: int = 1024) -> None:
+        self.routes = routes
         self.available: bool | None = None
         self.max_known = max_known
         self._known: OrderedDict[str, Block] = OrderedDict()  # digest(tokens) -> block
@@ -85,19 +87,19 @@ class Blocks:
             body = {"messages": strip_block_marks(check_messages(messages))[0]}
             if tools:
                 body["tools"] = check_tools(tools)
-        block = Block.model_validate(await self.transport.request("POST", BLOCKS_PATH, body))
+        block = Block.model_validate(await self.routes.post(BLOCKS_PATH, body))
         self.available = True
         self._remember(block)
         return block
 
     async def retrieve(self, block_id: str) -> Block:
-        """A block's tokens (``NotFoundError`` if unknown or another key's)."""
-        return Block.model_validate(await self.transport.request("GET", f"{BLOCKS_PATH}/{block_id}"))
+        """A block's tokens (``openai.NotFoundError`` if unknown or another key's)."""
+        return Block.model_validate(await self.routes.get(f"{BLOCKS_PATH}/{block_id}"))
 
     async def delete(self, block_id: str) -> None:
-        """Delete a block (``NotFoundError`` if unknown or another key's); it is forgotten here too."""
+        """Delete a block (``openai.NotFoundError`` if unknown or another key's); it is forgotten here too."""
         self.forget(block_id)
-        await self.transport.request("DELETE", f"{BLOCKS_PATH}/{block_id}")
+        await self.routes.delete(f"{BLOCKS_PATH}/{block_id}")
 
     def forget(self, block_id: str) -> None:
         """Stop reusing ``block_id`` (the next use of its tokens creates a new block)."""
@@ -125,22 +127,22 @@ class Blocks:
             try:
                 await self.retrieve(known.id)
                 self._suspect.discard(known.id)
-            except NotFoundError:
+            except openai.NotFoundError:
                 self.forget(known.id)
                 known = None
-            except LeylineError:
+            except openai.APIError:
                 return None, "block_unverified"
         if known is not None:
             self._known.move_to_end(digest(tokens))
             return known, None
         try:
             block = await self.create(tokens=tokens)
-        except NotFoundError as exc:
+        except openai.NotFoundError as exc:
             if exc.code is None:  # no such route: a server without blocks
                 self.available = False
                 return None, "blocks_unsupported"
             return None, "block_create_failed"
-        except LeylineError:
+        except openai.APIError:
             return None, "block_create_failed"
         if block.tokens != list(tokens) or block.length != len(tokens):
             self.forget(block.id)

@@ -1,4 +1,4 @@
-"""AsyncLeyline: a drop-in for ``openai.AsyncOpenAI``'s chat completions, with Leyline sessions.
+"""``AsyncLeyline`` is an ``openai.AsyncOpenAI`` (and ``Leyline`` an ``openai.OpenAI``) with sessions.
 
 ::
 
@@ -6,119 +6,195 @@
         response = await client.chat.completions.create(model="m", messages=messages, tools=tools)
         response.leyline            # session id, reused / rotated / prefilled tokens, fallback
 
-Sessions are cache handles, explicit (``client.session(...)``) or found by the longest known
-message prefix: a request whose messages extend a session's full history continues that session.
-The client remembers at most ``max_sessions`` of them (least recently used first out; a forgotten
-session's server-side session is deleted at the client's next call), and deletes the server-side
-sessions of all it remembers on ``aclose()`` / ``async with`` exit. Against a server without
-Leyline (no ``/v1/leyline/tokenize``) the client still works: policies shorten the context, and
-no extension is sent. ``Leyline`` is the blocking facade for synchronous code.
+Everything but ``chat.completions.create`` / ``parse`` is openai-python's own: the constructor's
+arguments and environment variables (``OPENAI_BASE_URL``, ``OPENAI_API_KEY``, ...),
+``with_options`` / ``copy``, ``models``, ``with_raw_response``, ``with_streaming_response``,
+``omit`` / ``NOT_GIVEN``, ``extra_headers`` / ``extra_body`` / ``extra_query`` / ``timeout``,
+``AsyncStream``, the exceptions, ``_request_id``. Leyline's own routes go through the same
+client (:mod:`leyline_sdk.routes`). Differences from openai's defaults, on purpose:
+
+* ``base_url`` defaults to ``$OPENAI_BASE_URL``, else ``http://127.0.0.1:8000/v1`` (a local
+  server), not OpenAI's API;
+* no API key is required: without ``api_key`` and ``$OPENAI_API_KEY`` no ``Authorization``
+  header is sent (a server started without ``--api-key``);
+* ``max_retries`` defaults to 6 (openai: 2). openai's backoff (0.5 s doubling to at most 8 s,
+  minus up to 25 % jitter) then waits at least 17.6 s in total over 6 retries (0.5 + 1 + 2 + 4 +
+  8 + 8 = 23.5 s nominal) before giving up, so a server restart of ~10 s is ridden over without
+  an error (connection errors, 408, 409, 429 and 5xx are retried, as openai does).
+
+Leyline's arguments: ``policies``, ``tokenizer`` (a local :class:`~leyline_sdk.rendering.ChatTokenizer`
+rendering like the server; default: the server's ``/leyline/tokenize``), ``strict`` (raise
+:class:`~leyline_sdk.fallback.SpliceFallbackError` instead of falling back), ``max_sessions``
+(sessions remembered, least recently used first out; a forgotten one's server-side session is
+deleted at the next call) and ``seam_repair`` (tokens recomputed after each ``amortize``
+replacement). ``with_options`` keeps them (and can change ``policies``, ``tokenizer``, ``strict``,
+``seam_repair``); a copy for the same base URL and key shares the parent's sessions
+(:mod:`leyline_sdk.registry`). Sessions are explicit (``client.session(...)``) or found by the
+longest known message prefix; ``chat.completions.create`` / ``parse`` / ``stream`` and any other
+``POST /chat/completions`` made through the client (LiteLLM posts its own request bodies with
+``client.post``) go through them. ``close()`` (``async with`` exit) deletes the server-side sessions
+of every remembered session, then closes the HTTP client. Against a server without Leyline (no
+``/v1/leyline/tokenize``) the client is a plain openai client: policies still shorten the
+context, and no ``leyline`` field is sent.
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
-from typing import Any, Literal, TypeVar, overload
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-import httpx
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
+import openai
+from openai._compat import cached_property
 
 from leyline_sdk.blocks import Blocks
-from leyline_sdk.errors import LeylineError
-from leyline_sdk.renderer import LeylineProbe, LocalRenderer, Renderer, ServerRenderer
-from leyline_sdk.rendering import ChatTokenizer
+from leyline_sdk.completions import AsyncLeylineChat, LeylineChat, route_post, route_post_sync
+from leyline_sdk.options import LeylineOptions, connection
+from leyline_sdk.registry import ClientState
+from leyline_sdk.renderer import LocalRenderer, Renderer, ServerRenderer
+from leyline_sdk.routes import AsyncRoutes, LeylineRoutes, SyncRoutes, drive
 from leyline_sdk.session import LeylineSession
-from leyline_sdk.transport import Transport
-from leyline_sdk.validation import check_messages, check_model, check_tools
+from leyline_sdk.sync import SyncBlocks, SyncSession
 
-__all__ = ["AsyncLeyline", "Leyline"]
+__all__ = ["AsyncLeyline", "Leyline", "DEFAULT_BASE_URL", "DEFAULT_MAX_RETRIES"]
 
-T = TypeVar("T")
+DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
+DEFAULT_MAX_RETRIES = 6
 
-
-class _Completions:
-    def __init__(self, client: AsyncLeyline) -> None:
-        self._client = client
-
-    @overload
-    async def create(
-        self, *, model: str, messages: Sequence[Mapping[str, Any]], stream: Literal[False] = False, **kwargs: Any
-    ) -> ChatCompletion: ...
-
-    @overload
-    async def create(
-        self, *, model: str, messages: Sequence[Mapping[str, Any]], stream: Literal[True], **kwargs: Any
-    ) -> AsyncIterator[ChatCompletionChunk]: ...
-
-    async def create(
-        self, *, model: str, messages: Sequence[Mapping[str, Any]], stream: bool = False, **kwargs: Any
-    ) -> ChatCompletion | AsyncIterator[ChatCompletionChunk]:
-        """Like ``openai``'s: same arguments, same return types; the session is found or made."""
-        check_model(model)
-        history = check_messages(messages)
-        if "tools" in kwargs:
-            kwargs["tools"] = check_tools(kwargs["tools"])
-        await self._client.reap()
-        session = self._client.find_session(history) or self._client.session()
-        return await session.create(model=model, messages=history, stream=stream, **kwargs)
+_NOT_GIVEN: Any = openai.NOT_GIVEN
 
 
-class _Chat:
-    def __init__(self, client: AsyncLeyline) -> None:
-        self.completions = _Completions(client)
+class _LeylineParts:
+    """What both clients add to openai's: options, shared state, sessions (a mixin)."""
+
+    _leyline: LeylineOptions
+    _leyline_state: ClientState
+    _routes: LeylineRoutes
+
+    def _setup(self, options: LeylineOptions, state: ClientState | None, routes: LeylineRoutes) -> None:
+        client: Any = self
+        self._leyline, self._routes = options, routes
+        key = (str(client.base_url), str(client.api_key))
+        self._leyline_state = ClientState.share(state, routes, key, options.max_sessions)
+
+    @property
+    def policies(self) -> list[Any]:
+        """The policies of new sessions."""
+        return list(self._leyline.policies)
+
+    @property
+    def tokenizer(self) -> Any:
+        """The local tokenizer of new sessions (``None``: the server's ``/leyline/tokenize``)."""
+        return self._leyline.tokenizer
+
+    @property
+    def strict(self) -> bool:
+        """Whether new sessions raise instead of falling back."""
+        return self._leyline.strict
+
+    @property
+    def seam_repair(self) -> int:
+        """Tokens recomputed after each ``amortize`` replacement (new sessions)."""
+        return self._leyline.seam_repair
+
+    @property
+    def max_sessions(self) -> int:
+        """How many sessions the (shared) registry remembers."""
+        return self._leyline_state.registry.max_sessions
+
+    def renderer(self) -> Renderer:
+        """A renderer for one new session: the local tokenizer if given, else the server's."""
+        if self._leyline.tokenizer is not None:
+            return LocalRenderer(self._leyline.tokenizer, self._leyline_state.probe)
+        return ServerRenderer(self._routes, self._leyline_state.probe)
+
+    def _core_session(
+        self,
+        policies: Sequence[Any] | None,
+        strict: bool | None,
+        tools: Sequence[Mapping[str, Any]] | None,
+        seam_repair: int | None,
+        send: Any,
+    ) -> LeylineSession:
+        state, options = self._leyline_state, self._leyline
+        session = LeylineSession(
+            self._routes,
+            self.renderer(),
+            options.policies if policies is None else policies,
+            options.strict if strict is None else strict,
+            tools,
+            on_use=state.registry.touch,
+            seam_repair=options.seam_repair if seam_repair is None else seam_repair,
+            blocks=state.blocks,
+            send=send,
+        )
+        state.registry.touch(session)
+        return session
+
+    def _copy_kwargs(self, overrides: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+        """The Leyline arguments of a copy: this client's, updated by the given ``overrides``."""
+        options = self._leyline.replace(**{k: v for k, v in overrides.items() if v is not _NOT_GIVEN})
+        return {**options.as_kwargs(), "_leyline_state": self._leyline_state, **extra}
+
+    def _validate_headers(self, headers: Any, custom_headers: Any) -> None:
+        """openai's check, except that a client without an API key may send no ``Authorization``."""
+        client: Any = self
+        if not client.api_key:
+            return
+        super()._validate_headers(headers, custom_headers)  # type: ignore[misc]
 
 
-class AsyncLeyline:
-    """Async client; see the module docstring.
+class AsyncLeyline(_LeylineParts, openai.AsyncOpenAI):
+    """``openai.AsyncOpenAI`` with Leyline sessions; see the module docstring.
 
-    ``seam_repair=k`` (default 4, chosen by ``benchmarks/bench_notes.py``) asks the server to
-    recompute the first ``k`` tokens after every ``amortize`` replacement its sessions send (the
-    seam), and a placed block's first ``k``.
-    ``client.blocks`` creates, reuses and deletes precompiled KV blocks (``leyline_sdk.blocks``).
+    ``client.blocks`` creates, reuses and deletes precompiled KV blocks (``leyline_sdk.blocks``);
+    ``client.sessions`` lists the remembered sessions, least recently used first.
     """
 
     def __init__(
         self,
-        base_url: str = "http://127.0.0.1:8000/v1",
-        api_key: str | None = None,
+        *,
         policies: Sequence[Any] = (),
-        tokenizer: ChatTokenizer | None = None,
+        tokenizer: Any = None,
         strict: bool = False,
-        max_retries: int = 2,
-        timeout: float = 600.0,
-        http_client: httpx.AsyncClient | None = None,
         max_sessions: int = 256,
         seam_repair: int = 4,
+        base_url: Any = None,
+        api_key: Any = None,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        _leyline_state: ClientState | None = None,
+        **kwargs: Any,
     ) -> None:
-        if max_sessions < 1:
-            raise ValueError("max_sessions must be >= 1")
-        if isinstance(seam_repair, bool) or not isinstance(seam_repair, int) or seam_repair < 0:
-            raise ValueError(f"seam_repair must be an int >= 0, got {seam_repair!r}")
-        self.transport = Transport(base_url, api_key, timeout=timeout, max_retries=max_retries, http_client=http_client)
-        self.probe = LeylineProbe(self.transport)
-        self.policies = list(policies)
-        self.tokenizer = tokenizer
-        self.strict = strict
-        self.max_sessions = max_sessions
-        self.seam_repair = seam_repair
-        self.blocks = Blocks(self.transport)
-        self.chat = _Chat(self)
-        self._sessions: OrderedDict[int, LeylineSession] = OrderedDict()  # LRU: least recent first
-        self._evicted: list[LeylineSession] = []
+        options = LeylineOptions.of(policies, tokenizer, strict, max_sessions, seam_repair)
+        kwargs.pop("_enforce_credentials", None)
+        base_url, api_key = connection(base_url, api_key, DEFAULT_BASE_URL)
+        super().__init__(
+            base_url=base_url, api_key=api_key, max_retries=max_retries, _enforce_credentials=False, **kwargs
+        )
+        self._setup(options, _leyline_state, AsyncRoutes(self))
+
+    if not TYPE_CHECKING:  # type checkers see openai's overloads
+
+        async def post(self, path, **kwargs):
+            """openai's ``post``; a ``POST /chat/completions`` goes through a session (``route_post``)."""
+            return await route_post(self, super().post, path, kwargs)
+
+    @cached_property
+    def chat(self) -> AsyncLeylineChat:  # type: ignore[override]
+        """openai's ``chat`` resource, with Leyline's ``completions``."""
+        return AsyncLeylineChat(self, self)
+
+    @property
+    def blocks(self) -> Blocks:
+        """The client's KV blocks (shared with its copies)."""
+        return self._leyline_state.blocks
 
     @property
     def sessions(self) -> list[LeylineSession]:
-        """The sessions the client remembers, least recently used first."""
-        return list(self._sessions.values())
+        """The sessions remembered (shared with copies), least recently used first."""
+        return self._leyline_state.registry.sessions
 
-    def renderer(self) -> Renderer:
-        """A renderer for one new session: the local tokenizer if given, else the server's."""
-        if self.tokenizer is not None:
-            return LocalRenderer(self.tokenizer, self.probe)
-        return ServerRenderer(self.transport, self.probe)
+    def _new_session(self) -> LeylineSession:
+        return self.session()
 
     def session(
         self,
@@ -128,127 +204,120 @@ class AsyncLeyline:
         seam_repair: int | None = None,
     ) -> LeylineSession:
         """A new explicit session (defaults: the client's policies, strictness and seam repair)."""
-        session = LeylineSession(
-            self.transport,
-            self.renderer(),
-            self.policies if policies is None else policies,
-            self.strict if strict is None else strict,
-            tools,
-            on_use=self._touch,
-            seam_repair=self.seam_repair if seam_repair is None else seam_repair,
-            blocks=self.blocks,
-        )
-        self._touch(session)
-        return session
+        return self._core_session(policies, strict, tools, seam_repair, self.chat.completions.create_in)
 
-    def _touch(self, session: LeylineSession) -> None:
-        """Mark ``session`` most recently used; forget the least recent beyond ``max_sessions``."""
-        self._sessions[id(session)] = session
-        self._sessions.move_to_end(id(session))
-        while len(self._sessions) > self.max_sessions:
-            _, evicted = self._sessions.popitem(last=False)
-            self._evicted.append(evicted)
+    def copy(  # type: ignore[override]
+        self,
+        *,
+        policies: Any = _NOT_GIVEN,
+        tokenizer: Any = _NOT_GIVEN,
+        strict: Any = _NOT_GIVEN,
+        seam_repair: Any = _NOT_GIVEN,
+        _extra_kwargs: Mapping[str, Any] = {},
+        **kwargs: Any,
+    ) -> AsyncLeyline:
+        """openai's ``copy`` / ``with_options``; Leyline's arguments carry over unless given."""
+        overrides = {"policies": policies, "tokenizer": tokenizer, "strict": strict, "seam_repair": seam_repair}
+        extra = self._copy_kwargs(overrides, _extra_kwargs)
+        return super().copy(_extra_kwargs=extra, **kwargs)
 
-    def find_session(self, messages: Sequence[Mapping[str, Any]]) -> LeylineSession | None:
-        """The remembered session whose full history is the longest prefix of ``messages``."""
-        best, best_n = None, 0
-        for session in self._sessions.values():
-            n = session.matches(messages)
-            if n > best_n:
-                best, best_n = session, n
-        if best is not None:
-            self._touch(best)
-        return best
+    with_options = copy  # type: ignore[assignment]
 
-    async def reap(self) -> None:
-        """Delete the server-side sessions of sessions the client forgot (best effort)."""
-        evicted, self._evicted = self._evicted, []
-        for session in evicted:
-            if id(session) not in self._sessions:
-                await _close_quietly(session)
-
-    async def aclose(self) -> None:
-        """Delete every remembered session on the server (404s and errors ignored), then close HTTP.
+    async def close(self) -> None:
+        """Delete every remembered session on the server (errors ignored), then close HTTP.
 
         The sessions stay in ``sessions`` (their stats and histories remain readable).
         """
-        await self.reap()
-        for session in self.sessions:
-            await _close_quietly(session)
-        await self.transport.aclose()
+        await self._leyline_state.registry.close()
+        await super().close()
 
-    async def __aenter__(self) -> AsyncLeyline:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+    aclose = close
 
 
-async def _close_quietly(session: LeylineSession) -> None:
-    """``session.aclose()``; a server that is gone or refuses must not fail a client's close."""
-    try:
-        await session.aclose()
-    except LeylineError:
-        pass
+class Leyline(_LeylineParts, openai.OpenAI):
+    """``openai.OpenAI`` with Leyline sessions: the blocking twin of :class:`AsyncLeyline`.
 
+    The session core is the same coroutine code, run without an event loop
+    (:func:`~leyline_sdk.routes.drive`) over the blocking client's requests. ``session()``
+    returns a :class:`~leyline_sdk.sync.SyncSession`; ``blocks`` is a
+    :class:`~leyline_sdk.sync.SyncBlocks`.
+    """
 
-class _SyncCompletions:
-    def __init__(self, owner: Leyline) -> None:
-        self._owner = owner
+    def __init__(
+        self,
+        *,
+        policies: Sequence[Any] = (),
+        tokenizer: Any = None,
+        strict: bool = False,
+        max_sessions: int = 256,
+        seam_repair: int = 4,
+        base_url: Any = None,
+        api_key: Any = None,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        _leyline_state: ClientState | None = None,
+        **kwargs: Any,
+    ) -> None:
+        options = LeylineOptions.of(policies, tokenizer, strict, max_sessions, seam_repair)
+        kwargs.pop("_enforce_credentials", None)
+        base_url, api_key = connection(base_url, api_key, DEFAULT_BASE_URL)
+        super().__init__(
+            base_url=base_url, api_key=api_key, max_retries=max_retries, _enforce_credentials=False, **kwargs
+        )
+        self._setup(options, _leyline_state, SyncRoutes(self))
 
-    def create(self, **kwargs: Any) -> ChatCompletion | Iterator[ChatCompletionChunk]:
-        """Blocking ``create``; with ``stream=True`` a blocking iterator of chunks."""
-        result = self._owner.run(self._owner.async_client.chat.completions.create(**kwargs))
-        if isinstance(result, ChatCompletion):
-            return result
-        return self._owner._iterate(result)
+    if not TYPE_CHECKING:
 
+        def post(self, path, **kwargs):
+            """openai's ``post``; a ``POST /chat/completions`` goes through a session (``route_post``)."""
+            return route_post_sync(self, super().post, path, kwargs)
 
-class _SyncChat:
-    def __init__(self, owner: Leyline) -> None:
-        self.completions = _SyncCompletions(owner)
+    @cached_property
+    def chat(self) -> LeylineChat:  # type: ignore[override]
+        """openai's ``chat`` resource, with Leyline's ``completions``."""
+        return LeylineChat(self, self)
 
+    @property
+    def blocks(self) -> SyncBlocks:
+        """The client's KV blocks (shared with its copies), blocking."""
+        return SyncBlocks(self._leyline_state.blocks)
 
-class Leyline:
-    """Blocking facade over :class:`AsyncLeyline` (its own event loop on a background thread)."""
+    @property
+    def sessions(self) -> list[SyncSession]:
+        """The sessions remembered (shared with copies), least recently used first."""
+        return [SyncSession(s, self.chat.completions.create_in) for s in self._leyline_state.registry.sessions]
 
-    def __init__(self, **kwargs: Any) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="leyline-sdk")
-        self._thread.start()
-        self.async_client: AsyncLeyline = self.run(self._make(kwargs))
-        self.chat = _SyncChat(self)
+    def _new_session(self) -> LeylineSession:
+        return self._core_session(None, None, None, None, None)
 
-    @staticmethod
-    async def _make(kwargs: dict[str, Any]) -> AsyncLeyline:
-        return AsyncLeyline(**kwargs)
+    def session(
+        self,
+        policies: Sequence[Any] | None = None,
+        strict: bool | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        seam_repair: int | None = None,
+    ) -> SyncSession:
+        """A new explicit session (defaults: the client's policies, strictness and seam repair)."""
+        core = self._core_session(policies, strict, tools, seam_repair, None)
+        return SyncSession(core, self.chat.completions.create_in)
 
-    def _iterate(self, stream: AsyncIterator[ChatCompletionChunk]) -> Iterator[ChatCompletionChunk]:
-        async def step() -> ChatCompletionChunk:
-            return await stream.__anext__()
+    def copy(  # type: ignore[override]
+        self,
+        *,
+        policies: Any = _NOT_GIVEN,
+        tokenizer: Any = _NOT_GIVEN,
+        strict: Any = _NOT_GIVEN,
+        seam_repair: Any = _NOT_GIVEN,
+        _extra_kwargs: Mapping[str, Any] = {},
+        **kwargs: Any,
+    ) -> Leyline:
+        """openai's ``copy`` / ``with_options``; Leyline's arguments carry over unless given."""
+        overrides = {"policies": policies, "tokenizer": tokenizer, "strict": strict, "seam_repair": seam_repair}
+        extra = self._copy_kwargs(overrides, _extra_kwargs)
+        return super().copy(_extra_kwargs=extra, **kwargs)
 
-        while True:
-            try:
-                yield self.run(step())
-            except StopAsyncIteration:
-                return
-
-    def session(self, **kwargs: Any) -> LeylineSession:
-        """An explicit session (use its async methods through ``run``)."""
-        return self.async_client.session(**kwargs)
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run a coroutine of the async client (e.g. ``session.sync_edits()``) and wait for it."""
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+    with_options = copy  # type: ignore[assignment]
 
     def close(self) -> None:
-        """Delete the server-side sessions, close the client and stop its thread."""
-        self.run(self.async_client.aclose())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
-
-    def __enter__(self) -> Leyline:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        """Delete every remembered session on the server (errors ignored), then close HTTP."""
+        drive(self._leyline_state.registry.close())
+        super().close()

@@ -11,7 +11,9 @@ sends plain OpenAI requests). Two implementations:
 * :class:`ServerRenderer` — the server's ``POST /leyline/tokenize``: one round trip per render,
   which is also the probe (a 404 means no Leyline).
 
-Neither knows about sessions or the client; the client builds one renderer per session.
+Neither knows about sessions or the client; the client builds one renderer per session. Their
+requests go through the client's :class:`~leyline_sdk.routes.LeylineRoutes` (openai's transport,
+retries and errors).
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from leyline_sdk.errors import NotFoundError
+import openai
+
 from leyline_sdk.incremental import IncrementalRenderer
 from leyline_sdk.rendering import ChatTokenizer, HFChatTokenizer, RenderedConversation, Span
-from leyline_sdk.transport import Transport
+from leyline_sdk.routes import LeylineRoutes
 
 __all__ = ["Renderer", "LeylineProbe", "LocalRenderer", "ServerRenderer"]
 
@@ -43,17 +46,17 @@ class Renderer(Protocol):
 class LeylineProbe:
     """Whether the server speaks Leyline: asked once (``POST /leyline/tokenize``), then remembered."""
 
-    def __init__(self, transport: Transport, known: bool | None = None) -> None:
-        self.transport = transport
+    def __init__(self, routes: LeylineRoutes, known: bool | None = None) -> None:
+        self.routes = routes
         self.known = known
 
     async def available(self) -> bool:
         """``True`` if the server has the Leyline routes (probed on first call)."""
         if self.known is None:
             try:
-                await self.transport.request("POST", TOKENIZE_PATH, {"messages": [{"role": "user", "content": ""}]})
+                await self.routes.post(TOKENIZE_PATH, {"messages": [{"role": "user", "content": ""}]})
                 self.known = True
-            except NotFoundError:
+            except openai.NotFoundError:
                 self.known = False
         return self.known
 
@@ -79,8 +82,8 @@ class LocalRenderer:
 class ServerRenderer:
     """Render through the server's ``/leyline/tokenize`` (one round trip; a 404 means no Leyline)."""
 
-    def __init__(self, transport: Transport, probe: LeylineProbe) -> None:
-        self.transport = transport
+    def __init__(self, routes: LeylineRoutes, probe: LeylineProbe) -> None:
+        self.routes = routes
         self.probe = probe
 
     async def render(
@@ -91,8 +94,8 @@ class ServerRenderer:
             return None
         body = {"messages": list(messages), "tools": list(tools) if tools else None, "add_generation_prompt": True}
         try:
-            r = await self.transport.request("POST", TOKENIZE_PATH, body)
-        except NotFoundError:
+            r = await self.routes.post(TOKENIZE_PATH, body)
+        except openai.NotFoundError:
             self.probe.known = False
             return None
         self.probe.known = True

@@ -21,29 +21,39 @@ the server's, an unstable template) sends no directives: the server's prefix cac
 re-prefills from the first difference — that is ``forget``, never a wrong cache. ``strict=True``
 raises instead (and asks the server to be strict too). A server that dropped the session answers
 with a new ``session_id`` (``fallback.code == "base_mismatch"``); the session adopts it.
+
+The session sends nothing itself for a turn: :meth:`LeylineSession.prepare` returns the request
+(a ``_Turn``: the effective messages and the ``leyline`` extension) and the client's
+``chat.completions`` sends it with openai's own ``create``, then hands the response (or the end
+of the stream) to :meth:`LeylineSession.record`. Its other requests (``/leyline/tokenize``,
+directives, delete) go through the client's :class:`~leyline_sdk.routes.LeylineRoutes`. A turn
+that is never recorded (a failed request, an abandoned stream) changes nothing the next turn
+relies on: the server checks the base each request names, and reports a mismatch as a fallback.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
+import openai
 
-import leyline_policies
+from leyline_sdk import session_ops
 from leyline_sdk.blocks import Blocks, block_fingerprint, place_blocks, strip_block_marks, with_repair
 from leyline_sdk.diff import diff_to_directives
 from leyline_sdk.directives import Directive, Mode, apply, digest
-from leyline_sdk.errors import NotFoundError, SpliceFallbackError
+from leyline_sdk.edits import Edit
+from leyline_sdk.fallback import SpliceFallbackError
+from leyline_sdk.policy_run import EditReport, run_policies
 from leyline_sdk.renderer import Renderer
 from leyline_sdk.rendering import RenderedConversation
+from leyline_sdk.routes import LeylineRoutes
 from leyline_sdk.stats import TurnStats, _Turn
 from leyline_sdk.templates import Source
-from leyline_sdk.transport import Transport
 from leyline_sdk.turns import decoder_of, explain_turn, local_chat, render_tokens, seen_view
-from leyline_sdk.validation import check_messages, check_model, check_tools
-from leyline_sdk.wire import BaseRef, DirectivesResult, LeylineRequest, LeylineResult
+from leyline_sdk.validation import check_messages, check_tools
+from leyline_sdk.wire import BaseRef, LeylineRequest, LeylineResult
 
 __all__ = ["LeylineSession", "TurnStats"]
 
@@ -51,16 +61,17 @@ __all__ = ["LeylineSession", "TurnStats"]
 class LeylineSession:
     """A conversation with the server; see the module docstring for the protocol.
 
-    ``transport`` sends requests, ``renderer`` renders prompts as the server does (and says
-    whether it speaks Leyline); ``on_use`` is called on every request (the client's LRU).
+    ``routes`` reaches Leyline's routes, ``renderer`` renders prompts as the server does (and
+    says whether it speaks Leyline); ``on_use`` is called on every request (the client's LRU).
     ``seam_repair=k`` asks the server to recompute the first ``k`` tokens after each ``amortize``
-    replacement (and a placed block's first ``k``); ``blocks`` is the client's block registry.
-    Normally made by ``AsyncLeyline.session()``.
+    replacement (and a placed block's first ``k``); ``blocks`` is the client's block registry;
+    ``send`` is how :meth:`create` sends a turn (the client's ``chat.completions`` for this
+    session). Normally made by ``AsyncLeyline.session()``.
     """
 
     def __init__(
         self,
-        transport: Transport,
+        routes: LeylineRoutes,
         renderer: Renderer,
         policies: Sequence[Any] = (),
         strict: bool = False,
@@ -68,21 +79,23 @@ class LeylineSession:
         on_use: Callable[[LeylineSession], None] | None = None,
         seam_repair: int = 4,
         blocks: Blocks | None = None,
+        send: Callable[..., Awaitable[Any]] | None = None,
     ) -> None:
         if isinstance(seam_repair, bool) or not isinstance(seam_repair, int) or seam_repair < 0:
             raise ValueError(f"seam_repair must be an int >= 0, got {seam_repair!r}")
         self.seam_repair = seam_repair
-        self.blocks = blocks if blocks is not None else Blocks(transport)
+        self.blocks = blocks if blocks is not None else Blocks(routes)
         self._block_prints: set[str] = set()
         self._block_indices: set[int] = set()  # effective indices of block messages (this turn)
-        self.transport = transport
+        self.routes = routes
+        self._send = send
         self.renderer = renderer
         self.policies = list(policies)
         self.strict = strict
         self.tools = check_tools(tools)
         self.history: list[dict[str, Any]] = []
         self.effective: list[dict[str, Any]] = []
-        self.sticky: dict[int, leyline_policies.Edit] = {}
+        self.sticky: dict[int, Edit] = {}
         self.session_id: str | None = None
         self.base_tokens: list[int] | None = None
         self.stats: list[TurnStats] = []
@@ -94,6 +107,8 @@ class LeylineSession:
         self._unedited: list[int] | None = None  # see _render_unedited
         self._turn_sources: list[Source] = []
         self._pending_modes: dict[int, Mode] = {}  # edits sync_edits left to the next request
+        self._unrecorded: _Turn | None = None  # a turn sent with the extension, not recorded yet
+        self._abandoned: list[str] = []  # server sessions a strict refusal left, to delete
         self._on_use = on_use
 
     # -- state ------------------------------------------------------------------------------------
@@ -113,8 +128,8 @@ class LeylineSession:
     # -- policies and directives ------------------------------------------------------------------
     def _run_policies(
         self, tools: Sequence[Mapping[str, Any]] | None
-    ) -> tuple[list[dict[str, Any]], dict[int, Mode], leyline_policies.EditReport]:
-        effective, edits, report = leyline_policies.run_policies(self.history, self.policies, tools, sticky=self.sticky)
+    ) -> tuple[list[dict[str, Any]], dict[int, Mode], EditReport]:
+        effective, edits, report = run_policies(self.history, self.policies, tools, sticky=self.sticky)
         self.sticky = edits
         effective, self._block_indices = strip_block_marks(effective, self._block_prints)
         self.effective = effective
@@ -246,8 +261,33 @@ class LeylineSession:
         self.history.append(clean)
         return clean
 
-    def _record(self, turn: _Turn, leyline: Mapping[str, Any] | None, usage: Any, started: float) -> None:
-        """Stats of a finished request; adopt the server's session and base when they check out."""
+    async def prepare(self, messages: list[dict[str, Any]], tools: Sequence[Mapping[str, Any]] | None) -> _Turn:
+        """Adopt ``messages`` (the full history, as ``check_messages`` returns it) and prepare the next request.
+
+        Runs the policies, renders, and returns the turn: ``turn.effective`` is what the request
+        sends as ``messages``, ``turn.extension`` its ``leyline`` field (``None`` against a server
+        without Leyline). Hand the response to :meth:`record`.
+        """
+        started = time.perf_counter()
+        self.history = messages
+        if self._on_use is not None:
+            self._on_use(self)
+        while self._abandoned:
+            await session_ops.delete(self.routes, self._abandoned.pop(), quiet=True)
+        if self._unrecorded is not None:
+            sent, self._unrecorded = self._unrecorded, None
+            await session_ops.resync(self, sent)
+        turn = await self._prepare(tools)
+        turn.started = started
+        self._unrecorded = turn if turn.extension is not None else None
+        return turn
+
+    def record(self, turn: _Turn, leyline: Mapping[str, Any] | None, usage: Any, completion: Any = None) -> None:
+        """Stats of a finished request; adopt the server's session and base when they check out.
+
+        ``leyline`` is the response's ``leyline`` field (a stream's last one), ``usage`` its
+        usage, ``completion`` the response itself (carried by a strict session's error).
+        """
         stats = TurnStats(
             turn=len(self.stats) + 1,
             cleared=len(turn.report.cleared),
@@ -264,22 +304,42 @@ class LeylineSession:
             stats.cached_tokens = getattr(details, "cached_tokens", 0) or 0
         result = LeylineResult.model_validate(leyline) if leyline is not None else None
         if result is not None and turn.prompt is not None:
-            stats.count(result)
-            stats.fallback = result.fallback.code if result.fallback else stats.fallback
-            if result.fallback is not None and turn.block_ids:  # verify those blocks before reusing them
-                self.blocks.suspect(turn.block_ids)
-            self.session_id = result.session_id or self.session_id
-            tokens = turn.prompt.tokens + result.completion_token_ids
-            server_digest = result.base.digest if result.base else None
-            if server_digest is not None and server_digest == digest(tokens):
-                self._adopt(tokens, server_digest, list(turn.effective), turn.prompt)
-            else:  # our rendering disagrees with the server's: no directives until it agrees again
-                self._forget_base()
-                stats.fallback = stats.fallback or "tokenizer_mismatch"
-        stats.elapsed_ms = (time.perf_counter() - started) * 1e3
+            self._adopt_result(turn, result, stats)
+        stats.elapsed_ms = (time.perf_counter() - turn.started) * 1e3
         self.stats.append(stats)
+        if self._unrecorded is turn:
+            self._unrecorded = None
         if self.strict and result is not None and result.fallback is not None:
-            raise SpliceFallbackError(result.fallback.code, result.fallback.message)
+            raise SpliceFallbackError(result.fallback.code, result.fallback.message, completion)
+
+    def _adopt_result(self, turn: _Turn, result: LeylineResult, stats: TurnStats) -> None:
+        """Count the server's tokens; adopt its session id and the new base if our tokens agree."""
+        assert turn.prompt is not None
+        stats.count(result)
+        stats.fallback = result.fallback.code if result.fallback else stats.fallback
+        if result.fallback is not None and turn.block_ids:  # verify those blocks before reusing them
+            self.blocks.suspect(turn.block_ids)
+        self.session_id = result.session_id or self.session_id
+        tokens = turn.prompt.tokens + result.completion_token_ids
+        server_digest = result.base.digest if result.base else None
+        if server_digest is not None and server_digest == digest(tokens):
+            self._adopt(tokens, server_digest, list(turn.effective), turn.prompt)
+        else:  # our rendering disagrees with the server's: no directives until it agrees again
+            self._forget_base()
+            stats.fallback = stats.fallback or "tokenizer_mismatch"
+
+    def refused(self, exc: openai.APIStatusError) -> Exception:
+        """What to raise for an error answer to this session's request (``session_ops.refused``)."""
+        return session_ops.refused(self, exc)
+
+    async def sync_edits(self, tools: Sequence[Mapping[str, Any]] | None = None) -> TurnStats | None:
+        """Run the policies now and splice the server's cache without generating (while a tool runs).
+
+        Returns the stats of the splice, or ``None`` when there is nothing to send. A server that
+        no longer knows the session is reported as ``fallback == "session_not_found"``; the next
+        ``create`` then opens a new one.
+        """
+        return await session_ops.splice_now(self, tools)
 
     async def create(
         self,
@@ -289,112 +349,16 @@ class LeylineSession:
         tools: Sequence[Mapping[str, Any]] | None = None,
         stream: bool = False,
         **kwargs: Any,
-    ) -> ChatCompletion | AsyncIterator[ChatCompletionChunk]:
-        """Send the (full) history; returns what ``openai``'s ``create`` returns, with ``.leyline``.
+    ) -> Any:
+        """Send the (full) history in this session: ``client.chat.completions.create``'s arguments
+        and return value (a ``ChatCompletion`` with ``.leyline``, or openai's ``AsyncStream``).
 
-        ``messages=None`` resends the session's history (e.g. after ``session.history.append``).
+        ``messages=None`` resends the session's history (e.g. after ``session.history.append``);
+        ``tools=None`` sends the session's tools.
         """
-        check_model(model)
-        history = check_messages(messages if messages is not None else self.history)
-        tools = check_tools(tools) if tools is not None else self.tools
-        started = time.perf_counter()
-        self.history = history
-        if self._on_use is not None:
-            self._on_use(self)
-        turn = await self._prepare(tools)
-        body: dict[str, Any] = {"model": model, "messages": turn.effective, "stream": stream, **kwargs}
-        if tools:
-            body["tools"] = tools
-        if turn.extension is not None:
-            body["leyline"] = turn.extension.model_dump(mode="json", exclude_none=True)
-        if not stream:
-            try:
-                raw = await self.transport.request("POST", "/chat/completions", body)
-            except NotFoundError as exc:
-                raise self._session_gone(exc) from exc
-            response = ChatCompletion.model_validate(raw)
-            self._record(turn, getattr(response, "leyline", None), response.usage, started)
-            return response
-        return self._stream(body, turn, started)
-
-    async def _stream(self, body: dict[str, Any], turn: _Turn, started: float) -> AsyncIterator[ChatCompletionChunk]:
-        leyline, usage = None, None
-        try:
-            async for event in self.transport.stream("/chat/completions", body):
-                chunk = ChatCompletionChunk.model_validate(event)
-                leyline = getattr(chunk, "leyline", None) or leyline
-                usage = chunk.usage or usage
-                yield chunk
-        except NotFoundError as exc:
-            raise self._session_gone(exc) from exc
-        self._record(turn, leyline, usage, started)
-
-    def _session_gone(self, exc: NotFoundError) -> Exception:
-        """A strict request for a session the server no longer has: start over next time, say why."""
-        if exc.code != "session_not_found" or self.session_id is None:
-            return exc
-        self.session_id = None
-        self._forget_base()
-        return SpliceFallbackError("session_not_found", str(exc))
-
-    async def sync_edits(self, tools: Sequence[Mapping[str, Any]] | None = None) -> TurnStats | None:
-        """Run the policies now and splice the server's cache without generating (while a tool runs).
-
-        Returns the stats of the splice, or ``None`` when there is nothing to send. A server that
-        no longer knows the session is reported as ``fallback == "session_not_found"``; the next
-        ``create`` then opens a new one.
-        """
-        if self.session_id is None:
-            return None
-        started = time.perf_counter()
-        if self._on_use is not None:
-            self._on_use(self)
-        self._fallback_code = None
-        tools = check_tools(tools) if tools is not None else self.tools
-        effective, modes, report = self._run_policies(tools)
-        prompt = await self.renderer.render(effective, tools)
-        planned = self._directives(effective, prompt, modes, turn=False) if prompt is not None else None
-        if not planned or not planned[0] or self.base_tokens is None:
-            return None
-        directives, seen = planned
-        directives = with_repair(directives, self.seam_repair)
-        stats = TurnStats(
-            turn=len(self.stats) + 1,
-            directives=len(directives),
-            cleared=len(report.cleared),
-            removed_chars=report.removed_chars,
-        )
-        await self._send_directives(directives, seen, stats)
-        stats.elapsed_ms = (time.perf_counter() - started) * 1e3
-        self.stats.append(stats)
-        return stats
-
-    async def _send_directives(self, directives: list[Directive], seen: RenderedConversation, stats: TurnStats) -> None:
-        assert self.base_tokens is not None and self.session_id is not None
-        body = {
-            "base": BaseRef(length=len(self.base_tokens), digest=self._base_digest).model_dump(),
-            "directives": [d.model_dump(mode="json") for d in directives],
-            "strict": self.strict,
-        }
-        try:
-            raw = await self.transport.request("POST", f"/leyline/sessions/{self.session_id}/directives", body)
-        except NotFoundError as exc:
-            self.session_id = None
-            self._forget_base()
-            stats.fallback = "session_not_found"
-            if self.strict:
-                raise SpliceFallbackError("session_not_found", str(exc)) from exc
-            return
-        result = DirectivesResult.model_validate(raw)
-        stats.count(result)
-        stats.fallback = result.fallback.code if result.fallback else None
-        self.last_directives = directives
-        new_base = apply(self.base_tokens, directives)
-        new_digest = digest(new_base)
-        if result.base.digest == new_digest:
-            self._adopt(new_base, new_digest, self.effective[: len(self._seen)], seen)
-        elif result.base.digest != self._base_digest:  # neither the old nor the new base: unknown
-            self._forget_base()
+        if self._send is None:
+            raise TypeError("this session belongs to a blocking client: use the session Leyline.session() returned")
+        return await self._send(self, model=model, messages=messages, tools=tools, stream=stream, **kwargs)
 
     # -- lookup and lifetime ----------------------------------------------------------------------
     def matches(self, messages: Sequence[Mapping[str, Any]]) -> int:
@@ -409,7 +373,4 @@ class LeylineSession:
         session_id, self.session_id = self.session_id, None
         self._forget_base()
         if session_id is not None:
-            try:
-                await self.transport.request("DELETE", f"/leyline/sessions/{session_id}")
-            except NotFoundError:
-                pass
+            await session_ops.delete(self.routes, session_id)

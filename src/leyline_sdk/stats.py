@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-import leyline_policies
+from leyline_sdk.policy_run import EditReport
 from leyline_sdk.rendering import RenderedConversation
 from leyline_sdk.wire import LeylineRequest, SpliceCounts
 
@@ -52,11 +52,15 @@ class TurnStats(BaseModel):
 
 @dataclass
 class _Turn:
-    """One request in preparation: the effective messages, their rendering, what is sent."""
+    """One request in preparation: the effective messages, their rendering, what is sent.
+
+    ``started`` is when the session began preparing it (``time.perf_counter()``).
+    """
 
     effective: list[dict[str, Any]]
     prompt: RenderedConversation | None
-    report: leyline_policies.EditReport
+    report: EditReport
+    started: float = 0.0
     extension: LeylineRequest | None = None
     fallback: str | None = None
     block_ids: tuple[str, ...] = ()

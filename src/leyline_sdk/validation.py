@@ -9,7 +9,7 @@ message names the argument and, for messages, the index::
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pydantic import BaseModel
@@ -22,7 +22,8 @@ def _type_name(value: object) -> str:
 
 
 def _is_list(value: object) -> bool:
-    return isinstance(value, Sequence) and not isinstance(value, str | bytes | bytearray)
+    """A list-like of items (any iterable, as openai takes it; not a string, bytes or a dict)."""
+    return isinstance(value, Iterable) and not isinstance(value, str | bytes | bytearray | Mapping)
 
 
 def check_model(model: object) -> str:
@@ -35,13 +36,14 @@ def check_model(model: object) -> str:
 
 
 def check_messages(messages: object) -> list[dict[str, Any]]:
-    """``messages`` must be a non-empty list of message dicts, each with a string ``role``.
+    """``messages`` must be a non-empty list (any iterable) of message dicts, each with a string ``role``.
 
     Returns plain dict copies (pydantic message models are dumped without ``None`` fields).
     """
     if not _is_list(messages):
         raise TypeError(f"messages must be a list of message dicts, got {_type_name(messages)}")
-    assert isinstance(messages, Sequence)
+    assert isinstance(messages, Iterable)
+    messages = list(messages)
     if not messages:
         raise ValueError("messages must not be empty")
     out: list[dict[str, Any]] = []
@@ -65,7 +67,7 @@ def check_tools(tools: object) -> list[dict[str, Any]] | None:
         return None
     if not _is_list(tools):
         raise TypeError(f"tools must be a list of tool dicts, got {_type_name(tools)}")
-    assert isinstance(tools, Sequence)
+    assert isinstance(tools, Iterable)
     out: list[dict[str, Any]] = []
     for i, tool in enumerate(tools):
         if isinstance(tool, BaseModel):

@@ -1,11 +1,15 @@
-"""SDK fallbacks for real: server restart, a disagreeing client tokenizer, a server without Leyline."""
+"""SDK fallbacks for real: server restart, a disagreeing client tokenizer, strict refusals, a server without Leyline."""
 
 from __future__ import annotations
 
 import copy
+import time
 
+import openai
 import pytest
 from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from openai.types.chat.completion_create_params import CompletionCreateParamsBase
 
 from examples.trace import SYSTEM, TASK, TOOLS, agent_turn
 from leyline_policies import TruncateOlderThanN
@@ -65,13 +69,44 @@ async def test_client_tokenizer_that_disagrees_sends_no_directives():
         await client.aclose()
 
 
+async def test_a_strict_base_mismatch_is_a_splice_fallback_at_once_and_the_next_turn_starts_over():
+    with running_server(make_service(kv_budget_mb=32)) as url:
+        client = AsyncLeyline(base_url=url + "/v1", policies=[TruncateOlderThanN(2)], strict=True)
+        session = client.session(tools=TOOLS)
+        messages = [SYSTEM, TASK, *agent_turn(0)]
+        await session.create(model="tiny-mla", messages=messages, max_tokens=2)
+        refused_id = session.session_id
+        session._base_digest = "sha256:" + "0" * 64  # the server will not recognise the base we send
+        started = time.monotonic()
+        with pytest.raises(SpliceFallbackError) as info:
+            await session.create(model="tiny-mla", messages=messages + agent_turn(1), max_tokens=2)
+        assert info.value.code == "base_mismatch" and isinstance(info.value.__cause__, openai.ConflictError)
+        assert info.value.__cause__.response.headers["x-should-retry"] == "false"
+        assert time.monotonic() - started < 5  # answered, not retried six times with backoff
+        await session.create(model="tiny-mla", messages=messages + agent_turn(1), max_tokens=2)  # starts over
+        assert session.session_id != refused_id and session.stats[-1].fallback is None
+        with pytest.raises(openai.NotFoundError):  # the refused session was deleted
+            await client.get(f"/leyline/sessions/{refused_id}", cast_to=object)
+        await session.create(model="tiny-mla", messages=messages + agent_turn(1) + agent_turn(2), max_tokens=2)
+        assert session.stats[-1].fallback is None and session.stats[-1].directives > 0
+        await client.close()
+
+
+OPENAI_FIELDS = set(CompletionCreateParamsBase.__annotations__) | {"stream"}
+
+
 def plain_openai_server(received: list) -> FastAPI:
-    """A minimal OpenAI-compatible server without Leyline: echoes, records what it got."""
+    """A minimal OpenAI-compatible server without Leyline: echoes, records what it got, and refuses
+    (400) any body field openai's own request type does not have, as strict servers do."""
     app = FastAPI()
 
     @app.post("/v1/chat/completions")
-    async def chat(body: dict) -> dict:
+    async def chat(body: dict):
         received.append(body)
+        unknown = sorted(set(body) - OPENAI_FIELDS)
+        if unknown:
+            error = {"type": "invalid_request_error", "code": None, "message": f"unknown {unknown}", "param": None}
+            return JSONResponse({"error": error}, 400)
         return {
             "id": "x",
             "object": "chat.completion",
@@ -96,9 +131,21 @@ async def test_non_leyline_server_still_works_with_policies():
         client = AsyncLeyline(base_url=url + "/v1", policies=[TruncateOlderThanN(2)])
         messages = [SYSTEM, TASK]
         for turn in range(6):
-            r = await client.chat.completions.create(model="any", messages=messages, tools=TOOLS)
+            r = await client.chat.completions.create(
+                model="any",
+                messages=messages,
+                tools=TOOLS,
+                extra_headers={"X-Trace": "1"},
+                extra_query={"trace": "1"},
+                timeout=30,
+                temperature=openai.NOT_GIVEN,
+                stop=openai.omit,
+            )
             assert r.choices[0].message.content == f"{len(messages)} messages"
             messages += agent_turn(turn)
+        stream = await client.chat.completions.create(model="any", messages=messages, stream=True)
+        assert isinstance(stream, openai.AsyncStream)
+        await stream.close()
         await client.aclose()
     assert all("leyline" not in body for body in received)  # nothing extra sent
     last = received[-1]["messages"]

@@ -11,13 +11,13 @@ import asyncio
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from openai import NotFoundError
 
 from examples.trace import SYSTEM, TASK, TOOLS, agent_turn
 from leyline_policies import StaleToolDetector, TruncateOlderThanN
 from leyline_sdk import AsyncLeyline, Mode
 from leyline_sdk.blocks import BLOCK_KEY
 from leyline_sdk.directives import Directive, apply
-from leyline_sdk.errors import NotFoundError
 from tests.policies.transcripts import read_write_conversation
 from tests.sdk.fake_server import FakeLeyline
 

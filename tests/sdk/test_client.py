@@ -1,4 +1,4 @@
-"""AsyncLeyline / Leyline: argument checks, bounded sessions, closing, sync facade, retries, typed errors."""
+"""AsyncLeyline: argument checks, bounded sessions, closing, and Leyline's routes on openai's retries and errors."""
 
 from __future__ import annotations
 
@@ -6,15 +6,14 @@ import socket
 import time
 
 import httpx
+import openai
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from examples.trace import SYSTEM, TASK, TOOLS, agent_turn
+from examples.trace import SYSTEM, TASK
 from leyline_policies import TruncateOlderThanN
-from leyline_sdk import AsyncLeyline, Leyline
-from leyline_sdk.errors import APIConnectionError, BadRequestError, InternalServerError, RateLimitError
+from leyline_sdk import AsyncLeyline
 from tests.sdk.fake_server import FakeLeyline
 
 
@@ -97,87 +96,107 @@ async def test_explicit_session_in_use_stays_remembered(chat):
     await client.aclose()
 
 
-def test_sync_facade(chat):
-    fake = FakeLeyline(chat)
-    with Leyline(base_url="http://fake/v1", http_client=fake.client(), policies=[TruncateOlderThanN(2)]) as client:
-        messages = [SYSTEM, TASK]
-        r = client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
-        assert isinstance(r, ChatCompletion) and r.leyline["session_id"] in fake.sessions
-        messages += agent_turn(0)
-        chunks = list(client.chat.completions.create(model="m", messages=messages, tools=TOOLS, stream=True))
-        assert chunks and all(isinstance(c, ChatCompletionChunk) for c in chunks)
-        session = client.async_client.sessions[0]
-        assert session.stats[-1].fallback is None and len(session.stats) == 2  # the same session, spliced
-    assert fake.sessions == {}  # closed on exit
-
-
 def flaky_server(calls: list) -> FastAPI:
+    """A Leyline-shaped server whose routes fail as the last user message (or the path) says."""
     app = FastAPI()
+
+    def error(status: int, code: str, message: str, **headers: str) -> JSONResponse:
+        body = {"error": {"type": "x", "code": code, "message": message, "param": None}}
+        return JSONResponse(body, status, headers={"x-request-id": f"req-{len(calls)}", **headers})
+
+    @app.post("/v1/leyline/tokenize")
+    async def tokenize(request: Request):
+        calls.append((time.monotonic(), "tokenize"))
+        if sum(1 for _, what in calls if what == "tokenize") < 3:  # two 503s, then the answer
+            return error(503, "busy", "warming up")
+        return {"tokens": [1, 2], "message_spans": [{"start": 0, "end": 2}], "prefix_stable": True}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
-        calls.append((time.monotonic(), request.headers.get("idempotency-key")))
+        calls.append((time.monotonic(), "chat"))
         body = await request.json()
         mode = body["messages"][-1]["content"]
+        chats = sum(1 for _, what in calls if what == "chat")
         if mode == "bad":
-            return JSONResponse({"error": {"type": "invalid_request_error", "code": "x", "message": "no"}}, 400)
-        if mode == "429" and len(calls) < 2:
-            return JSONResponse(
-                {"error": {"code": "rate", "message": "slow down"}}, 429, headers={"Retry-After": "0.3"}
-            )
+            return error(400, "x", "no")
+        if mode == "429" and chats < 2:
+            return error(429, "rate", "slow down", **{"Retry-After": "0.3"})
         if mode == "always429":
-            return JSONResponse({"error": {"code": "rate", "message": "no"}}, 429, headers={"Retry-After": "0.05"})
-        if mode == "500" and len(calls) < 3:
-            return JSONResponse({"error": {"code": "boom", "message": "try again"}}, 503)
+            return error(429, "rate", "no", **{"Retry-After": "0.05"})
+        if mode == "500" and chats < 3:
+            return error(503, "boom", "try again")
         if mode == "always500":
-            return JSONResponse({"error": {"code": "boom", "message": "down"}}, 500)
-        return {
-            "id": "x",
-            "object": "chat.completion",
-            "created": 0,
-            "model": "m",
-            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}],
-        }
+            return error(500, "boom", "down")
+        choice = {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}
+        return {"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [choice]}
 
     return app
 
 
-@pytest.mark.parametrize("mode, attempts", [("429", 2), ("500", 3), ("bad", 1), ("always500", 3), ("always429", 3)])
-async def test_retries_follow_the_rules(mode, attempts):
+@pytest.mark.parametrize(
+    "mode, error, chats",
+    [
+        ("429", None, 2),
+        ("500", None, 3),
+        ("bad", openai.BadRequestError, 1),
+        ("always500", openai.InternalServerError, 3),
+        ("always429", openai.RateLimitError, 3),
+    ],
+)
+async def test_leyline_routes_and_chat_share_openais_retries_and_errors(mode, error, chats):
     calls: list = []
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=flaky_server(calls)))
     client = AsyncLeyline(base_url="http://flaky/v1", max_retries=2, http_client=http)
-    client.probe.known = False  # a plain server; skip the probe so the call count is exact
     messages = [{"role": "user", "content": mode}]
-    if mode == "bad":
-        with pytest.raises(BadRequestError) as info:
-            await client.chat.completions.create(model="m", messages=messages)
-        assert info.value.status_code == 400 and info.value.code == "x"
-    elif mode == "always500":
-        with pytest.raises(InternalServerError):
-            await client.chat.completions.create(model="m", messages=messages)
-    elif mode == "always429":
-        with pytest.raises(RateLimitError) as info:
-            await client.chat.completions.create(model="m", messages=messages)
-        assert info.value.status_code == 429 and info.value.code == "rate" and info.value.retry_after == 0.05
-    else:
+    if error is None:
         r = await client.chat.completions.create(model="m", messages=messages)
         assert r.choices[0].message.content == "ok"
-    await client.aclose()
-    assert len(calls) == attempts
-    assert len({key for _, key in calls}) == 1  # one idempotency key across retries
+    else:
+        with pytest.raises(error) as info:
+            await client.chat.completions.create(model="m", messages=messages)
+        assert info.value.code in ("x", "boom", "rate") and info.value.request_id.startswith("req-")
+        assert info.value.message.startswith(f"Error code: {info.value.status_code}")
+    assert [what for _, what in calls].count("tokenize") == 3  # the probe, retried like any call
+    assert [what for _, what in calls].count("chat") == chats
     if mode == "429":
-        assert calls[1][0] - calls[0][0] >= 0.25  # Retry-After honoured
+        chat_times = [t for t, what in calls if what == "chat"]
+        assert chat_times[1] - chat_times[0] >= 0.25  # Retry-After honoured
+    await client.close()
 
 
-async def test_connection_errors_are_typed_after_retries():
+async def test_connection_errors_are_openais_after_retries():
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     client = AsyncLeyline(base_url=f"http://127.0.0.1:{port}/v1", max_retries=1)
     started = time.monotonic()
-    with pytest.raises(APIConnectionError) as info:
+    with pytest.raises(openai.APIConnectionError) as info:
         await client.chat.completions.create(model="m", messages=[SYSTEM])
-    assert "POST /leyline/tokenize" in str(info.value)  # the probe is the first call; it was retried
-    assert time.monotonic() - started >= 0.2  # one backoff (>= 0.25 s nominal, minus jitter rounding)
-    await client.aclose()
+    assert str(info.value.request.url).endswith("/v1/leyline/tokenize")  # the probe is the first call
+    assert time.monotonic() - started >= 0.3  # one backoff (0.5 s nominal, minus up to 25 % jitter)
+    await client.close()
+
+
+async def test_copies_keep_leylines_arguments_and_share_sessions_with_the_same_server(chat):
+    fake = FakeLeyline(chat)
+    client = make_client(fake, tokenizer=chat, policies=[TruncateOlderThanN(2)], max_sessions=3, seam_repair=2)
+    quick = client.with_options(timeout=5.0)
+    assert (quick.policies, quick.tokenizer, quick.max_sessions, quick.seam_repair) == (
+        client.policies,
+        chat,
+        3,
+        2,
+    )
+    assert isinstance(quick, AsyncLeyline) and quick.timeout == 5.0 and not quick.strict
+    messages = [SYSTEM, TASK]
+    await client.chat.completions.create(model="m", messages=messages)
+    await quick.chat.completions.create(model="m", messages=[*messages, {"role": "user", "content": "more"}])
+    assert quick.sessions == client.sessions and len(client.sessions) == 1  # one conversation, one session
+    assert fake.chats[-1].spliced is not None  # continued through the copy
+    strict = client.copy(strict=True)
+    assert strict.strict and strict.session().strict and strict.policies == client.policies
+    elsewhere = client.with_options(base_url="http://other/v1")
+    assert elsewhere.sessions == [] and client.sessions  # another server: sessions of its own
+    with pytest.raises(ValueError, match="seam_repair"):
+        client.with_options(seam_repair=-1)
+    await client.close()

@@ -4,6 +4,9 @@ Status codes: 400 malformed request or unsupported parameter, 401 authentication
 model or session, 409 base mismatch (strict), 413 body too large, 422 directive not applicable
 (strict), 429 the key is at its share (with ``Retry-After``), 500 a server bug (with a request
 id), 503 no KV capacity.
+
+A 409 carries ``x-should-retry: false``: openai-python's clients retry 409 as a lock timeout,
+but a base mismatch is an answer, not a transient state, and the same request meets it again.
 """
 
 from __future__ import annotations
@@ -70,7 +73,8 @@ def install_error_handlers(app: Any) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
         body = error_body(exc.status, exc.code, exc.message, exc.param)
-        return JSONResponse(body, status_code=exc.status, headers=exc.headers)
+        headers = {"x-should-retry": "false", **exc.headers} if exc.status == 409 else exc.headers
+        return JSONResponse(body, status_code=exc.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
