@@ -1,4 +1,7 @@
-"""openai-agents and LangChain asking for structured output and forced tools, through a plain ``openai.AsyncOpenAI``.
+"""openai-agents and LangChain asking for structured output and forced tools.
+
+Each test runs twice: through a plain ``openai.AsyncOpenAI`` and through ``AsyncLeyline`` (every
+call then goes through a Leyline session, so the grammar applies on a session's turns too).
 
 The model is a random tiny preset: the typed answers below exist only because the server decodes
 under the schema (openai-agents' ``output_type``, LangChain's ``with_structured_output`` with
@@ -33,8 +36,12 @@ def server():
         yield url
 
 
-@pytest.fixture
-def client(server):
+@pytest.fixture(params=["openai", "leyline"])
+def client(server, request):
+    if request.param == "leyline":
+        from leyline_sdk import AsyncLeyline
+
+        return AsyncLeyline(base_url=server + "/v1", api_key="unused", max_retries=0)
     return openai.AsyncOpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
 
 

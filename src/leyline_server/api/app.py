@@ -2,7 +2,8 @@
 
 Routes: ``POST /v1/chat/completions`` (:mod:`chat_routes`), ``/v1/leyline/*``
 (:mod:`leyline_routes`, :mod:`blocks_routes`), ``GET /v1/models[/{id}]``, ``GET /health``,
-``GET /metrics``. Every error, expected or not, is answered in OpenAI's JSON shape with an
+``GET /metrics``, ``GET /model_info`` and ``GET /server_info`` (:mod:`info_routes`, for SGLang's
+router). Every error, expected or not, is answered in OpenAI's JSON shape with an
 ``x-request-id`` header; an unexpected one is logged with that id and the server keeps serving.
 """
 
@@ -14,7 +15,7 @@ from typing import Any
 
 from fastapi import FastAPI, Response
 
-from leyline_server.api import blocks_routes, chat_routes, leyline_routes
+from leyline_server.api import blocks_routes, chat_routes, info_routes, leyline_routes
 from leyline_server.api.deps import Owner, Service
 from leyline_server.api.errors import install_error_handlers
 from leyline_server.api.guard import Guard
@@ -73,4 +74,5 @@ def create_app(service: LeylineService) -> FastAPI:
     app.include_router(chat_routes.router)
     app.include_router(leyline_routes.router)
     app.include_router(blocks_routes.router)
+    app.include_router(info_routes.router)
     return app

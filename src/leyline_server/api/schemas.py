@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from leyline_sdk.directives import Directive, Index
 from leyline_sdk.wire import BaseRef, LeylineRequest
+from leyline_server.api.carrier import lift_leyline
 from leyline_server.api.errors import APIError
 
 __all__ = [
@@ -165,6 +166,12 @@ class ChatCompletionRequest(BaseModel):
     bootstrap_port: Any = None
     bootstrap_room: Any = None
     leyline: LeylineRequest | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _leyline_from_metadata(cls, data: Any) -> Any:
+        """``metadata["leyline"]`` (a JSON string) is read as the ``leyline`` field (see :mod:`.carrier`)."""
+        return lift_leyline(data)
 
 
 class TokenizeRequest(BaseModel):

@@ -1,0 +1,102 @@
+"""Leyline replicas behind SGLang's router (the ``sglang-router`` wheel, a real Rust binary).
+
+Two replicas of the tiny preset on loopback ports, the router in front with ``--policy manual``
+(a routing key pins a conversation to one replica). The oracles: the splice counts a direct
+request gets (``tests/e2e/test_gateway_carrier.py``), and each replica's own session table,
+read directly, for where a conversation lives.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.server_helpers import free_port, make_service, running_server
+from tests.e2e.test_gateway_carrier import KEY, two_turns
+
+ROUTING = "X-SMG-Routing-Key"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with (
+        running_server(make_service(api_keys=frozenset({KEY}))) as a,
+        running_server(make_service(api_keys=frozenset({KEY}))) as b,
+    ):
+        port = free_port()
+        router = subprocess.Popen(
+            [sys.executable, "-m", "sglang_router.launch_router", "--policy", "manual", "--worker-urls", a, b]
+            + ["--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(free_port())]
+            + ["--disable-retries", "--log-level", "warn"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            _wait_for_workers(url)
+            yield url, (a, b)
+        finally:
+            router.terminate()
+            router.wait(timeout=30)
+
+
+def _wait_for_workers(url: str, timeout_s: float = 90.0) -> None:
+    """Until a chat completion passes the router (workers register in the background)."""
+    body = {"model": "tiny-mla", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            r = httpx.post(url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"})
+            if r.status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"the router at {url} never passed a request to a worker")
+
+
+def routed(url: str, key: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, default_headers={ROUTING: key})
+
+
+def holders(replicas, session_id: str) -> list[str]:
+    """The replicas whose own session table holds ``session_id``."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    return [r for r in replicas if httpx.get(f"{r}/v1/leyline/sessions/{session_id}", headers=auth).status_code == 200]
+
+
+async def test_a_splice_through_the_router_applies_on_the_pinned_replica(cluster):
+    url, replicas = cluster
+    first, second = await two_turns(routed(url, "agent-1"), replicas[0], "metadata")
+    ext = second.leyline
+    assert ext["session_id"] == first.leyline["session_id"] is not None
+    assert ext["applied"] and ext["fallback"] is None and ext["rotated_tokens"] > 0, ext
+    assert len(holders(replicas, ext["session_id"])) == 1
+
+
+async def test_each_routing_key_stays_on_one_replica(cluster):
+    url, replicas = cluster
+    placement: dict[str, set[str]] = {}
+    for key in [f"agent-{i}" for i in range(6)]:
+        for _ in range(3):
+            reply = await routed(url, key).chat.completions.create(
+                model="tiny-mla",
+                messages=[{"role": "user", "content": f"task {key}"}],
+                max_tokens=1,
+                extra_body={"metadata": {"leyline": "{}"}},
+            )
+            placement.setdefault(key, set()).update(holders(replicas, reply.leyline["session_id"]))
+    assert all(len(where) == 1 for where in placement.values()), placement
+
+
+async def test_the_router_does_not_proxy_leyline_routes(cluster):
+    """Why a client behind the router needs nothing but /v1/chat/completions."""
+    url, _ = cluster
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {KEY}"}) as http:
+        r = await http.post("/v1/leyline/tokenize", json={"messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 404
