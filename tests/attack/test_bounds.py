@@ -25,7 +25,7 @@ async def test_a_directive_result_past_the_context_is_refused_before_any_kv(engi
     with serve(svc) as url:
         async with httpx.AsyncClient(base_url=url, timeout=60) as c:
             sid = (await c.post("/v1/leyline/sessions", json={"tokens": BASE})).json()["id"]
-            prefilled = svc.metrics.registry.get_sample_value("leyline_tokens_total", {"kind": "prefilled"})
+            prefilled = svc.metrics.registry.get_sample_value("leyline_tokens_total", {"kind": "prefilled"}) or 0.0
             started = time.perf_counter()
             huge = {"directives": [{"start": 50, "end": 50, "replacement": [7] * 16384}]}
             r = await c.post(f"/v1/leyline/sessions/{sid}/directives", json=huge)
@@ -40,7 +40,7 @@ async def test_a_directive_result_past_the_context_is_refused_before_any_kv(engi
             r = await c.post(f"/v1/leyline/sessions/{sid}/directives", json={"directives": eight, "strict": True})
             assert r.status_code == 422 and r.json()["error"]["code"] == "context_length_exceeded", r.text
             assert r.json()["error"]["param"] == "directives.1"
-            after = svc.metrics.registry.get_sample_value("leyline_tokens_total", {"kind": "prefilled"})
+            after = svc.metrics.registry.get_sample_value("leyline_tokens_total", {"kind": "prefilled"}) or 0.0
             assert after == prefilled  # nothing was computed
             got = (await c.get(f"/v1/leyline/sessions/{sid}")).json()
             assert got["tokens"] == BASE
