@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -38,6 +37,7 @@ from leyline_server.engines.base import (
     Prefilled,
     SamplingParams,
 )
+from leyline_server.engines.config import context_window
 from leyline_server.engines.llamacpp.cache import Entry, SequenceCache
 from leyline_server.engines.llamacpp.lib import ContextConfig, LlamaContext, LlamaModel, TokenSampler, logprobs
 from leyline_server.engines.llamacpp.parking import ParkingPolicy, focus
@@ -83,7 +83,8 @@ class LlamaCppEngine:
     splice may show (by KV dtype). ``prefix_cache=False``: every prefill starts from scratch.
     ``park_budget``: bytes of host memory for the KV of idle sequences parked out of the pool
     (0: never park; see :mod:`.parking`), ``park_threshold``: the decode slowdown idle sequences
-    may cause before they are parked.
+    may cause before they are parked. ``max_context_tokens`` larger than the model's trained
+    context or the pool is refused (``ValueError``, naming ``--kv-budget-mb``).
     """
 
     def __init__(
@@ -102,6 +103,7 @@ class LlamaCppEngine:
         park_budget: int = 4 << 30,
         park_threshold: float = 0.05,
     ) -> None:
+        context = context_window(max_context_tokens, model.n_ctx_train, n_ctx, model.cell_bytes(kv_type), granule=256)
         n_threads, n_threads_batch = threads or _threads()
         config = ContextConfig(n_ctx, n_seq_max, 512, n_threads, n_threads_batch, kv_type, flash_attn)
         self.model = model
@@ -118,7 +120,7 @@ class LlamaCppEngine:
             name=name,
             vocab_size=model.n_vocab,
             eos_token_ids=tuple(eos_token_ids if eos_token_ids is not None else model.eos_tokens()),
-            max_context_tokens=min(max_context_tokens or model.n_ctx_train, model.n_ctx_train, capacity),
+            max_context_tokens=min(context, capacity),  # llama.cpp only ever rounds n_ctx up
             kv_capacity_tokens=capacity,
             shiftable=shiftable,
             unshiftable_reason=None
@@ -216,11 +218,11 @@ class LlamaCppEngine:
     def decode(
         self,
         handle: Handle,
-        logits: Any,
+        state: np.ndarray | None,
         params: SamplingParams,
         delivered: Callable[[], int] | None = None,
     ) -> Generator[GenerationStep, None, None]:
-        """Yield decoded tokens after ``handle`` (whose last logits are ``logits``).
+        """Yield decoded tokens after ``handle`` (``state``: its prefill's last logits row).
 
         Resuming after a step decodes its token into the handle's sequence and samples the next
         one from the context's logits row in place (no copy unless logprobs are asked for). When
@@ -235,7 +237,7 @@ class LlamaCppEngine:
         sampler = TokenSampler(params, self.model.n_vocab)
         stops = set(params.stop_token_ids) | set(self._info.eos_token_ids)
         generated: list[int] = []
-        row: np.ndarray | None = logits  # the prefill's copied row; later rows stay in the context
+        row: np.ndarray | None = state  # the prefill's copied row; later rows stay in the context
         if entry is not None:
             self.cache.unpark(entry)
             entry.busy += 1  # not parked while this stream decodes into it
