@@ -49,7 +49,9 @@ def test_every_model_flag_changes_the_engine_config():
     for action in actions:
         argv = _non_default(action)
         changed = engine_config(parse_args(argv))
-        diff = {f.name for f in dataclasses.fields(EngineConfig) if getattr(changed, f.name) != getattr(default, f.name)}
+        diff = {
+            f.name for f in dataclasses.fields(EngineConfig) if getattr(changed, f.name) != getattr(default, f.name)
+        }
         assert diff, f"{' '.join(argv)} does not reach EngineConfig"
 
 
