@@ -35,7 +35,7 @@ from leyline_server.engines.embedded.mirror import MirrorStore
 from leyline_server.engines.embedded.pool import SlotPool
 from leyline_server.engines.embedded.radix import Node, RadixCache
 from leyline_server.engines.embedded.sampling import Sampler
-from leyline_server.kernels import rotate_copy
+from leyline_server.kernels import Backend, rotate_copy
 from leyline_server.rope import RopeSpec
 
 __all__ = ["EmbeddedEngine", "Pinned", "SlotStage", "CANARY_TOLERANCE"]
@@ -79,10 +79,11 @@ class EmbeddedEngine:
     """One model, one slot pool, one radix cache. Not thread-safe: use from one thread.
 
     ``rotation_budget``: how often one slot's key may be rotated before splices touching it are
-    refused (``drift_budget``). ``prefix_cache=False`` makes every prefill start from scratch
-    (a baseline for benchmarks); handles and splices work as usual. ``max_context_tokens``
-    larger than the model's positions or the pool is refused (``ValueError``,
-    :func:`~leyline_server.engines.config.context_window`).
+    refused (``drift_budget``). ``rotate_backend``: what :func:`~leyline_server.kernels.rotate_copy`
+    runs (``"auto"``; ``"torch"`` is the plain reference, for tests and benchmarks).
+    ``prefix_cache=False`` makes every prefill start from scratch (a baseline for benchmarks);
+    handles and splices work as usual. ``max_context_tokens`` larger than the model's positions
+    or the pool is refused (``ValueError``, :func:`~leyline_server.engines.config.context_window`).
     """
 
     def __init__(
@@ -102,6 +103,7 @@ class EmbeddedEngine:
         self.radix = RadixCache()
         self.in_flight: set[int] = set()
         self.rotation_budget = rotation_budget
+        self.rotate_backend: Backend = "auto"
         self.prefix_cache = prefix_cache
         check_layer_types(model.config)
         self.mirrors = MirrorStore(pool, max_mirrors=8)
@@ -273,7 +275,7 @@ class EmbeddedEngine:
         src = pinned.slots[old]
         dst = self.alloc(src.numel())
         stage.allocated.append(dst)
-        rotate_copy(self.pool.keys, src, dst, old, new, self.spec, values=self.pool.values)
+        rotate_copy(self.pool.keys, src, dst, old, new, self.spec, values=self.pool.values, backend=self.rotate_backend)
         self.pool.rotations[dst] = self.pool.rotations[src] + (new != old).int()
         stage.grow(int(new.max()) + 1)
         stage.slots[new] = dst
