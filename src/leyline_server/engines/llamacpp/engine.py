@@ -41,7 +41,8 @@ from leyline_server.engines.config import context_window
 from leyline_server.engines.llamacpp.cache import Entry, SequenceCache
 from leyline_server.engines.llamacpp.lib import ContextConfig, LlamaContext, LlamaModel, TokenSampler, logprobs
 from leyline_server.engines.llamacpp.parking import ParkingPolicy, focus
-from leyline_server.engines.llamacpp.stage import Stage, canary_keys, move_block, prepare
+from leyline_server.engines.llamacpp.shift import verified_shifter
+from leyline_server.engines.llamacpp.stage import Stage, land, move_block, prepare, reference_keys, staged_keys
 
 __all__ = ["LlamaCppEngine", "SeqHandle", "CANARY_TOLERANCE", "SCRATCH", "COPY", "CANARY_SEQS"]
 
@@ -115,6 +116,8 @@ class LlamaCppEngine:
         self.canary_tolerance = CANARY_TOLERANCE.get(kv_type, 2e-2)
         self.prefix_cache = prefix_cache
         shiftable = self.ctx.can_shift
+        # moves through the state API (cost follows the moved cells) where the check passes
+        self.shifter = verified_shifter(model, self.ctx, CANARY_SEQS[:2], self.canary_tolerance) if shiftable else None
         capacity = self.ctx.n_ctx
         self._info = ModelInfo(
             name=name,
@@ -279,7 +282,7 @@ class LlamaCppEngine:
         if entry is None:
             return Stage(handle, self.cache.new_entry(handle.scope), 0, owned=True)
         self._focus(entry)
-        stage = Stage(handle, entry, keep)  # holds the entry: never parked to make room meanwhile
+        stage = Stage(handle, entry, keep, shifter=self.shifter, scratch=COPY)  # held: never parked meanwhile
         try:
             self.cache.unshare_after(entry, keep, COPY)
         except BaseException:
@@ -302,6 +305,8 @@ class LlamaCppEngine:
     def fill(self, stage: Stage, at: int, tokens: Sequence[int]) -> None:
         """Compute ``tokens`` at positions ``[at, ...)`` attending to the staged ``[0, at)``."""
         prepare(self.cache, stage, ())
+        if stage.pending is not None and at > stage.pending_from:
+            land(self.cache, stage)  # the moved cells are part of this fill's context
         ctx, seq = self.ctx, stage.entry.seq
         if ctx.pos_max(seq) == at - 1:  # nothing staged past ``at``: decode in place
             self.cache.decode(seq, list(tokens), at, want_logits=False)
@@ -318,10 +323,12 @@ class LlamaCppEngine:
         """Compare staged layer-0 keys at ``positions`` with the model's own keys for ``tokens``."""
         if not positions:
             return CanaryResult(False)
-        result = canary_keys(self.cache, stage.entry.seq, positions, tokens, COPY, CANARY_SEQS)
-        if result is None:
+        positions = list(positions)[: len(CANARY_SEQS)]
+        expected = reference_keys(self.cache, positions, tokens, CANARY_SEQS)  # before landing: a short pool
+        land(self.cache, stage)
+        actual = staged_keys(self.cache, stage.entry.seq, positions, COPY)
+        if expected is None or actual is None:
             return CanaryResult(False)
-        actual, expected = result
         error = float(np.abs(actual - expected).max()) / max(float(np.abs(expected).max()), 1e-6)
         return CanaryResult(True, error, self.canary_tolerance)
 
@@ -329,6 +336,10 @@ class LlamaCppEngine:
         """Describe the staged sequence as ``tokens`` under ``previous``'s scope; ``previous`` is consumed."""
         try:
             prepare(self.cache, stage, ())
+            land(self.cache, stage)
+        except BaseException:
+            self._cut(stage)
+            raise
         finally:
             stage.unhold()
         entry = stage.entry
@@ -345,12 +356,15 @@ class LlamaCppEngine:
     def abort(self, stage: Stage) -> None:
         """Undo what cannot be kept: the sequence is cut back to ``keep`` (the handle says so)."""
         stage.unhold()
+        self._cut(stage)
+
+    def _cut(self, stage: Stage) -> None:
+        stage.pending = None  # lifted cells are dropped with the tail they belonged to
         for seq in (SCRATCH, COPY, *CANARY_SEQS):
             self.ctx.seq_rm(seq)
         if stage.owned:
             self.cache.drop(stage.entry)
-            return
-        if stage.prepared:
+        elif stage.prepared:
             self.cache.trim(stage.entry, stage.keep)
             handle = stage.handle
             handle.cached, handle.exact = stage.entry.cached, stage.entry.exact
