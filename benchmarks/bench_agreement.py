@@ -38,6 +38,7 @@ from leyline_policies.stubs import tool_stub  # noqa: E402
 from leyline_sdk.diff import common_prefix_length, diff_to_directives  # noqa: E402
 from leyline_sdk.rendering import HFChatTokenizer  # noqa: E402
 from leyline_server.engines.base import CacheScope, SamplingParams, SpliceRequest  # noqa: E402
+from leyline_server.engines.config import EngineConfig  # noqa: E402
 from leyline_server.engines.embedded.presets import load_engine  # noqa: E402
 from leyline_server.splice import splice  # noqa: E402
 
@@ -264,7 +265,7 @@ def main() -> None:
     parser.add_argument("--png", default="docs/results/agreement.png")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    engine, tokenizer = load_engine("smollm2-135m", kv_budget_mb=512, max_context_tokens=8192)
+    engine, tokenizer = load_engine(EngineConfig(model="smollm2-135m", kv_budget_mb=512, context_length=8192))
     arms = Arms(engine, HFChatTokenizer(tokenizer), greedy=32)
     main_result = main_set(arms, args.conversations)
     arms.greedy = 8

@@ -40,16 +40,13 @@ async def turn_speed(engine: Any, prompt: list[int], scope: Any, steps: int) -> 
 async def measure(parking: bool, args: argparse.Namespace, scenario: Scenario) -> list[dict]:
     """Rows for one engine (parking on or off), the idle sessions added step by step."""
     from leyline_server.engines.base import CacheScope
+    from leyline_server.engines.config import EngineConfig
     from leyline_server.engines.llamacpp.loader import load_llamacpp
 
-    engine, _ = load_llamacpp(
-        "smollm2-135m",
-        kv_budget_mb=args.kv_budget_mb,
-        dtype="float16",
-        threads=THREADS,
-        flash_attn=False,
-        park_budget_mb=4096 if parking else 0,
+    config = EngineConfig(
+        model="smollm2-135m", kv_budget_mb=args.kv_budget_mb, dtype="float16", swap_space_gb=4.0 if parking else 0.0
     )
+    engine, _ = load_llamacpp(config, threads=THREADS, flash_attn=False)
     rows, idle = [], []
     prompt = scenario.prompt(args.prompt)
     try:

@@ -56,6 +56,7 @@ from leyline_sdk.diff import common_prefix_length, diff_to_directives
 from leyline_sdk.directives import Directive, Mode, apply
 from leyline_sdk.rendering import HFChatTokenizer
 from leyline_server.engines.base import CacheScope, Handle, Prefilled, SamplingParams, SpliceRequest
+from leyline_server.engines.config import EngineConfig
 from leyline_server.engines.embedded.presets import load_engine
 from leyline_server.splice import splice
 
@@ -393,7 +394,7 @@ def main() -> None:
         parser.error(f"--questions must lie in [1, {len(WORDS)}]")
     started, load = time.perf_counter(), os.getloadavg()[0]
     torch.set_num_threads(2)
-    engine, tokenizer = load_engine("smollm2-135m", kv_budget_mb=1024, max_context_tokens=8192)
+    engine, tokenizer = load_engine(EngineConfig(model="smollm2-135m", kv_budget_mb=1024, context_length=8192))
     bench = Bench(engine, tokenizer, answer_tokens=8)
     field_arms(bench, field_case(10_000, args.fillers), 10_000)  # warm-up: first forwards, kernels, allocator
     variants = {"new value stated later (a write in the history)": False, "changed outside the history": True}

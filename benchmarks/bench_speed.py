@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from leyline_server.engines.base import SHARED, SamplingParams
+from leyline_server.engines.config import EngineConfig
 from leyline_server.engines.embedded.presets import load_engine
 
 
@@ -65,7 +66,7 @@ def main() -> None:
     parser.add_argument("--decode", type=int, default=32)
     args = parser.parse_args()
     torch.set_num_threads(2)
-    engine, tokenizer = load_engine("smollm2-135m", kv_budget_mb=1024, max_context_tokens=8192)
+    engine, tokenizer = load_engine(EngineConfig(model="smollm2-135m", kv_budget_mb=1024, context_length=8192))
     text = " ".join(f"line {i}: the river flows past the market and the bridge." for i in range(2000))
     corpus = tokenizer(text)["input_ids"]
     print(f"SmolLM2-135M-Instruct, fp32, CPU, {torch.get_num_threads()} threads, best of {args.repeat}\n")

@@ -179,18 +179,18 @@ def build(which: str, flash_attn: bool) -> Any:
     if which == "plain":
         return PlainLlama(path, flash_attn)
     if which == "llamacpp":
+        from leyline_server.engines.config import EngineConfig
         from leyline_server.engines.llamacpp.loader import load_llamacpp
 
-        engine, _ = load_llamacpp(
-            "smollm2-135m", kv_budget_mb=180, dtype="float16", threads=(THREADS[0], THREADS[1]), flash_attn=flash_attn
-        )
+        config = EngineConfig(model="smollm2-135m", kv_budget_mb=180, dtype="float16")
+        engine, _ = load_llamacpp(config, threads=(THREADS[0], THREADS[1]), flash_attn=flash_attn)
         return Leyline("Leyline on llama.cpp", engine)
     import torch
 
-    from leyline_server.engines.factory import build_engine
+    from leyline_server.engines.factory import EngineConfig, build_engine
 
     torch.set_num_threads(THREADS[1])
-    engine, _ = build_engine("embedded", "smollm2-135m", kv_budget_mb=1024, max_context_tokens=N_CTX)
+    engine, _ = build_engine(EngineConfig(model="smollm2-135m", kv_budget_mb=1024, context_length=N_CTX))
     return Leyline("Leyline embedded", engine)
 
 

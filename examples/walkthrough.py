@@ -20,6 +20,7 @@ from leyline_sdk.directives import Mode, apply, digest, position_map
 from leyline_sdk.rendering import HFChatTokenizer
 from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
 from leyline_server.engines.base import CacheScope, SpliceRequest
+from leyline_server.engines.config import EngineConfig
 from leyline_server.engines.embedded.presets import load_engine
 from leyline_server.splice import splice
 
@@ -82,7 +83,7 @@ def main() -> None:
     print("\nembedded engine (tiny-mla, 4 layers, CPU):")
     stub_only = [d for d in directives if d.mode is Mode.AMORTIZE]
     for label, ds in (("stub (amortize)", stub_only), ("stub + redaction (forget)", directives)):
-        engine, _ = load_engine("tiny-mla", kv_budget_mb=16, layers=4)
+        engine, _ = load_engine(EngineConfig(model="tiny-mla", kv_budget_mb=16, preset_layers=4))
         session = CacheScope(private="walkthrough")  # rotated KV is private to the session that asked
         pinned = engine.prefill(old.tokens, session).handle
         pinned, report = splice(engine, pinned, SpliceRequest(ds))

@@ -20,10 +20,9 @@ import signal
 import sys
 from typing import Any
 
-__all__ = ["main", "build_service", "server_config", "parse_args", "kv_budget_mb"]
+from leyline_server.engines.config import DTYPES, ENGINES, EngineConfig
 
-DTYPES = ("float32", "bfloat16", "float16")
-ENGINES = ("embedded", "sglang", "llamacpp")
+__all__ = ["main", "build_parser", "build_service", "engine_config", "server_config", "parse_args", "kv_budget_mb"]
 
 
 def _model_args(parser: argparse.ArgumentParser) -> None:
@@ -97,8 +96,8 @@ def _limit_args(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command line (``--help`` shows every default)."""
+def build_parser() -> argparse.ArgumentParser:
+    """The parser: a ``model`` group (every flag there reaches :class:`EngineConfig`), ``server`` and ``limits``."""
     parser = argparse.ArgumentParser(
         prog="leyline-server",
         description=(__doc__ or "").splitlines()[0],
@@ -107,7 +106,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     _model_args(parser)
     _server_args(parser)
     _limit_args(parser)
-    return _parse_engine_args(parser, sys.argv[1:] if argv is None else list(argv))
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (``--help`` shows every default)."""
+    return _parse_engine_args(build_parser(), sys.argv[1:] if argv is None else list(argv))
 
 
 def _parse_engine_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
@@ -152,11 +156,21 @@ def kv_budget_mb(args: argparse.Namespace) -> float:
     return fraction * available / 2**20
 
 
-def swap_space_gb(args: argparse.Namespace) -> float:
-    """``--swap-space``, checked."""
-    if args.swap_space < 0:
-        raise ValueError("--swap-space must be 0 or more (GiB)")
-    return float(args.swap_space)
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """Every engine-relevant flag of ``args`` as one :class:`EngineConfig` (``ValueError`` if one is out of range)."""
+    names = args.served_model_name or ()
+    return EngineConfig(
+        engine=args.engine,
+        model=args.model,
+        served_name=names[0] if names else None,
+        dtype=args.dtype,
+        preset_layers=args.preset_layers,
+        kv_budget_mb=kv_budget_mb(args),
+        context_length=args.context_length,
+        prefix_cache=not args.disable_prefix_cache,
+        swap_space_gb=float(args.swap_space),
+        engine_args=tuple(getattr(args, "engine_args", ())),
+    )
 
 
 def server_config(args: argparse.Namespace) -> Any:
@@ -190,19 +204,7 @@ def build_service(args: argparse.Namespace) -> Any:
     from leyline_server.engines.factory import build_engine
 
     config = server_config(args)  # before the model loads: a bad flag fails at once
-    names = config.served_model_names
-    engine, tokenizer = build_engine(
-        args.engine,
-        args.model,
-        kv_budget_mb=kv_budget_mb(args),
-        dtype=args.dtype,
-        preset_layers=args.preset_layers,
-        max_context_tokens=args.context_length,
-        served_name=names[0] if names else None,
-        engine_args=getattr(args, "engine_args", ()),
-        prefix_cache=not args.disable_prefix_cache,
-        swap_space_gb=swap_space_gb(args),
-    )
+    engine, tokenizer = build_engine(engine_config(args))
     return LeylineService(engine, tokenizer, config)
 
 

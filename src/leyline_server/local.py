@@ -40,22 +40,23 @@ def local_service(
     """A :class:`~leyline_server.api.service.LeylineService` for ``model`` (presets need no download).
 
     ``config`` overrides :class:`~leyline_server.api.service.ServerConfig` fields; by default the
-    context is 4,096 tokens and a request without ``max_tokens`` generates at most 16.
-    ``swap_space_gb``: the llama.cpp engine's parking budget (``--swap-space``).
+    context is 4,096 tokens (capped by the model and the pool, which tests keep small on purpose)
+    and a request without ``max_tokens`` generates at most 16. ``swap_space_gb``: the llama.cpp
+    engine's parking budget (``--swap-space``).
     """
     from leyline_server.api.service import LeylineService, ServerConfig
-    from leyline_server.engines.factory import build_engine
+    from leyline_server.engines.factory import EngineConfig, build_engine
 
     settings: dict[str, Any] = {"model_name": model, "max_context_tokens": 4096, "default_max_tokens": 16, **config}
-    built, tokenizer = build_engine(
-        engine,
-        model,
+    engine_config = EngineConfig(
+        engine=engine,
+        model=model,
         kv_budget_mb=kv_budget_mb,
         preset_layers=layers,
-        max_context_tokens=settings["max_context_tokens"],
         prefix_cache=prefix_cache,
         swap_space_gb=swap_space_gb,
     )
+    built, tokenizer = build_engine(engine_config)
     return LeylineService(built, tokenizer, ServerConfig(**settings))
 
 

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from leyline_server.api.service import LeylineService, ServerConfig
+from leyline_server.engines.config import EngineConfig
 from leyline_server.engines.factory import build_engine
 from tests.attack.helpers import MODEL, serve
 
@@ -30,7 +31,7 @@ TOOL = {"type": "function", "function": {"name": "read", "parameters": {"type": 
 
 
 def smollm2_service(engine: str) -> LeylineService:
-    built, tokenizer = build_engine(engine, MODEL, kv_budget_mb=8, max_context_tokens=4096)
+    built, tokenizer = build_engine(EngineConfig(engine=engine, model=MODEL, kv_budget_mb=8, context_length=4096))
     tokenizer = copy.deepcopy(tokenizer)
     tokenizer.chat_template = SMOLLM2_TEMPLATE
     config = ServerConfig(model_name=MODEL, max_context_tokens=4096, default_max_tokens=2)

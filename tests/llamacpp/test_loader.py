@@ -6,7 +6,9 @@ import asyncio
 
 import pytest
 
-from leyline_server.cli import build_service, parse_args
+from leyline_server.cli import build_service, main, parse_args
+from leyline_server.engines.config import EngineConfig
+from leyline_server.engines.factory import build_engine
 from leyline_server.engines.llamacpp.lib import LlamaModel
 from leyline_server.engines.llamacpp.loader import kv_cells, resolve_gguf
 from leyline_server.models import find_smollm2_gguf
@@ -63,3 +65,36 @@ def test_swap_space_and_disable_prefix_cache_reach_the_engine():
     embedded = build_service(parse_args(["--model-path", "tiny-gqa", "--disable-prefix-cache"]))
     assert embedded.engine.core.prefix_cache is False  # the flag is honoured on every engine
     asyncio.run(embedded.shutdown())
+
+
+def test_every_config_field_reaches_the_llamacpp_engine():
+    config = EngineConfig(
+        engine="llamacpp",
+        model="tiny-gqa",
+        served_name="served",
+        dtype="float16",
+        preset_layers=1,
+        kv_budget_mb=1.0,
+        context_length=1000,
+        prefix_cache=False,
+        swap_space_gb=0.25,
+    )
+    engine, _ = build_engine(config)
+    core = engine.core  # type: ignore[attr-defined]
+    assert core.model.n_layer == 1 and core.kv_type == "float16"
+    assert core.ctx.n_ctx == kv_cells(core.model, 1.0, "float16") == core.info.kv_capacity_tokens
+    assert core.info.name == "served" and core.info.max_context_tokens == 1000
+    assert core.prefix_cache is False and core.cache.park_budget == 2**28
+    asyncio.run(engine.close())
+
+
+def test_a_context_longer_than_the_pool_is_refused_at_start(capsys):
+    # SmolLM2 at float32: 46,080 bytes per cell, so the default 256 MiB pool holds 5,632 cells;
+    # --context-length 8192 used to be served as 5,632 tokens without a word.
+    argv = ["--engine", "llamacpp", "--model-path", "smollm2-135m", "--context-length", "8192"]
+    assert main(argv) == 2
+    assert "raise --kv-budget-mb to at least 360" in capsys.readouterr().err
+    service = build_service(parse_args([*argv, "--kv-budget-mb", "360"]))
+    info = service.engine.info
+    assert info.max_context_tokens == 8192 and info.kv_capacity_tokens >= 8192
+    asyncio.run(service.shutdown())

@@ -9,6 +9,7 @@ gives). The tiny models' weights are a few MB, so any idle sequence is worth par
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from leyline_sdk.directives import Directive, KeptRun, apply
 from leyline_server.engines.base import CacheScope, SamplingParams
@@ -112,15 +113,20 @@ def test_the_budget_drops_parked_cache_first_and_otherwise_keeps_a_session_in_th
     assert max_diff(logits, fresh_logits(tiny1, [2] + BASE[:299] + QUERY)) < 1e-4
 
 
-def test_pending_key_shifts_are_applied_before_a_sequence_is_parked(tiny1):
-    """A splice's moves re-rotate keys lazily; parking serialises keys, so it must settle them first."""
+@pytest.mark.parametrize("key_shift", [True, False])
+def test_pending_key_shifts_are_applied_before_a_sequence_is_parked(tiny1, key_shift):
+    """With seq_add, a splice's moves re-rotate keys lazily; parking serialises keys, so it must
+    settle them first. The shifter moves cells through the state API: nothing is left pending."""
     eng = engine(tiny1)
+    assert eng.shifter is not None
+    if not key_shift:
+        eng.shifter = None  # the seq_add path (models whose RoPE the shifter does not handle)
     a = prefill(eng, BASE, scope=A)[0]
     stage = eng.begin(a, 100)  # a deletion of [100, 150) by hand: moves, no fill, no canary decode
     eng.move(stage, a, [KeptRun(150, len(BASE), 100)])
     new = BASE[:100] + BASE[150:]
     a = eng.commit(stage, new, 100, previous=a)
-    assert eng.ctx.shift_pending
+    assert eng.ctx.shift_pending is not key_shift
     prefill(eng, [9] * 50, scope=B)  # parks a
     assert not a.entry.resident
     logits = prefill(eng, new + QUERY, previous=a, scope=A)[1]

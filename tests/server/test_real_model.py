@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from leyline_server.engines.base import SamplingParams
+from leyline_server.engines.config import EngineConfig
 from leyline_server.engines.embedded.cache_adapter import layer0_keys
 from leyline_server.engines.embedded.presets import load_engine
 from leyline_server.kernels import rotate_copy
@@ -27,7 +28,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def smollm2():
-    return load_engine("smollm2-135m", kv_budget_mb=256)
+    return load_engine(EngineConfig(model="smollm2-135m", kv_budget_mb=256))
 
 
 def test_the_chat_template_survives_the_conversion(smollm2):

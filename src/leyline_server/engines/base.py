@@ -2,10 +2,13 @@
 
 Two faces, one contract:
 
-* :class:`SpliceBackend` — synchronous primitives that run *where the KV lives* (the embedded
-  engine's worker thread, SGLang's scheduler process, llama.cpp's worker thread). The splice
-  executor (:mod:`leyline_server.splice.execute`) walks a :class:`~leyline_server.splice.plan.SplicePlan`
-  against them. The engine owns its pool layout: the executor never sees a tensor or a slot.
+* :class:`SpliceBackend` — synchronous primitives the splice executor
+  (:mod:`leyline_server.splice.execute`) walks a :class:`~leyline_server.splice.plan.SplicePlan`
+  against: on the embedded and llama.cpp engines they run on the engine's own thread, next to
+  the KV; on SGLang on a worker thread of the server process, each call a round trip to the
+  schedulers. The engine owns its pool layout: the executor never sees a tensor, a slot or a
+  sequence id. :class:`SyncCore` adds decoding, for the engines whose whole model runs on one
+  thread (:class:`~leyline_server.engines.threaded.ThreadedEngine` puts one behind ``Engine``).
 * :class:`Engine` — the asynchronous face the service uses: open a session, run a turn (splice
   if asked, prefill, decode), splice without generating, release a handle, model info.
 
@@ -25,14 +28,15 @@ Rules every engine keeps (tests check them on the embedded engine):
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
     from leyline_sdk.directives import Directive, KeptRun
+    from leyline_server.engines.logits import Processors
     from leyline_server.splice.report import SpliceReport
 
 __all__ = [
@@ -50,6 +54,8 @@ __all__ = [
     "SamplingParams",
     "SpliceBackend",
     "SpliceRequest",
+    "StageT",
+    "SyncCore",
     "TokenLogprob",
     "Turn",
 ]
@@ -189,14 +195,38 @@ class CanaryResult(NamedTuple):
     tolerance: float = 0.0
 
 
-class SpliceBackend(Protocol):
+StageT = TypeVar("StageT")
+
+
+class SpliceBackend(Protocol[StageT]):
     """Synchronous splice primitives, run where the KV lives (see the module docstring).
 
-    A *stage* is a new sequence under construction: ``begin`` keeps a handle's first ``keep``
-    tokens, ``move`` copy-rotates kept runs of the handle to their new positions (fresh storage:
-    the old path may still serve others), ``fill`` computes tokens at new positions attending to
-    everything staged before them, ``commit`` caches the stage as a locked handle (releasing
-    ``previous``), ``abort`` gives its storage back.
+    A *stage* (``StageT``, the engine's own type, opaque to the executor) is the new sequence
+    under construction. The executor calls ``begin`` (keep the handle's first ``keep`` tokens),
+    one ``move`` for the handle's kept runs, then each step in position order (``fill``: compute
+    tokens at new positions attending to everything staged before them; ``move`` with a block's
+    handle: place a copy of its rows), the ``canary``, and ``commit`` (cache the stage as a
+    locked handle, releasing ``previous``). Any exception between ``begin`` and ``commit`` is
+    followed by ``abort``; ``commit`` cleans up after its own failures.
+
+    Engines stage a splice in one of three ways, and ``abort`` means something different for
+    each:
+
+    * **copy into fresh storage** (embedded): ``move`` copy-rotates the kept runs into newly
+      allocated slots and ``fill`` writes new slots; the handle's own slots are never touched,
+      so the old path keeps serving others while the stage is built. ``abort`` frees every slot
+      the stage allocated: the handle is exactly as before.
+    * **in place** (llama.cpp): the stage *is* the handle's own sequence. ``begin`` makes the
+      cells past ``keep`` private, the first ``move`` drops what the plan does not keep and
+      repositions the kept runs, ``fill`` decodes into the same sequence. ``abort`` cuts the
+      sequence back to ``keep`` and says so in the handle (``cached``/``exact``); the handle
+      stays valid, and its tail is recomputed when it is used again.
+    * **record, then replay at commit** (SGLang): ``begin``/``move``/``fill`` only record the
+      steps (nothing is allocated); ``commit`` replays them in position order as SGLang requests
+      and control calls inside the scheduler. ``abort`` forgets the record: nothing changed.
+      A failure during the replay leaves what was inserted as ordinary evictable cache.
+
+    Capacity problems raise :class:`CapacityError` from any of these calls.
     """
 
     @property
@@ -208,12 +238,34 @@ class SpliceBackend(Protocol):
     def prefill(self, tokens: Sequence[int], scope: CacheScope, previous: Handle | None = None) -> Prefilled: ...
     def release(self, handle: Handle) -> None: ...
     def rotation_counts(self, handle: Handle, positions: Sequence[int]) -> list[int] | None: ...
-    def begin(self, handle: Handle, keep: int) -> Any: ...
-    def move(self, stage: Any, handle: Handle, runs: Sequence[KeptRun]) -> None: ...
-    def fill(self, stage: Any, at: int, tokens: Sequence[int]) -> None: ...
-    def canary(self, stage: Any, positions: Sequence[int], tokens: Sequence[int]) -> CanaryResult: ...
-    def commit(self, stage: Any, tokens: Sequence[int], exact: int, previous: Handle) -> Handle: ...
-    def abort(self, stage: Any) -> None: ...
+    def begin(self, handle: Handle, keep: int) -> StageT: ...
+    def move(self, stage: StageT, handle: Handle, runs: Sequence[KeptRun]) -> None: ...
+    def fill(self, stage: StageT, at: int, tokens: Sequence[int]) -> None: ...
+    def canary(self, stage: StageT, positions: Sequence[int], tokens: Sequence[int]) -> CanaryResult: ...
+    def commit(self, stage: StageT, tokens: Sequence[int], exact: int, previous: Handle) -> Handle: ...
+    def abort(self, stage: StageT) -> None: ...
+
+
+class SyncCore(SpliceBackend[StageT], Protocol[StageT]):
+    """A synchronous engine core that runs on one thread (embedded, llama.cpp): the splice
+    primitives plus decoding, behind :class:`~leyline_server.engines.threaded.ThreadedEngine`."""
+
+    def decode(
+        self,
+        handle: Handle,
+        state: Any,
+        params: SamplingParams,
+        delivered: Callable[[], int] | None = None,
+        processors: Processors | None = None,
+    ) -> Generator[GenerationStep, None, None]:
+        """Decode after ``handle`` (``state``: its prefill's); when closed, commit the first
+        ``delivered()`` generated tokens to ``handle`` (all of them without ``delivered``).
+        ``processors`` change each logits row before sampling (constraints, ``min_tokens``)."""
+        ...
+
+    def close(self) -> None:
+        """Free the core's memory (after its thread stopped)."""
+        ...
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import threading
 from collections.abc import AsyncGenerator, Callable, Generator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import aclosing
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from leyline_server.engines.base import (
     CacheScope,
@@ -38,6 +38,8 @@ from leyline_server.engines.base import (
     ModelInfo,
     SamplingParams,
     SpliceRequest,
+    StageT,
+    SyncCore,
     Turn,
 )
 from leyline_server.engines.grammar import GrammarBackend
@@ -148,17 +150,17 @@ class Worker:
         self._executor.shutdown(wait=True)
 
 
-class ThreadedEngine:
+class ThreadedEngine(Generic[StageT]):
     """A synchronous engine core on its own thread, as an :class:`~leyline_server.engines.base.Engine`.
 
-    ``core`` implements :class:`~leyline_server.engines.base.SpliceBackend` plus
+    ``core`` is a :class:`~leyline_server.engines.base.SyncCore`: the splice primitives plus
     ``decode(handle, state, params, delivered, processors)`` (a generator of
     :class:`GenerationStep` that, when closed, commits the first ``delivered()`` tokens it
-    generated) and optionally ``close()``. ``tokenizer`` (a transformers tokenizer) is what
-    constraints are compiled for.
+    generated) and ``close()``. ``tokenizer`` (a transformers tokenizer) is what constraints are
+    compiled for.
     """
 
-    def __init__(self, core: Any, tokenizer: object = None, name: str = "leyline-engine") -> None:
+    def __init__(self, core: SyncCore[StageT], tokenizer: object = None, name: str = "leyline-engine") -> None:
         self.core = core
         self.tokenizer = tokenizer
         self.worker = Worker(name)
@@ -248,9 +250,7 @@ class ThreadedEngine:
     async def close(self) -> None:
         """Stop the engine thread (queued releases run first), then let the core free its memory."""
         self.worker.shutdown()
-        close = getattr(self.core, "close", None)
-        if close is not None:
-            close()
+        self.core.close()
 
 
 def _finished(step: GenerationStep) -> bool:

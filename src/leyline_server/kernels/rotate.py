@@ -25,7 +25,7 @@ from leyline_server.rope import RopeSpec
 
 __all__ = ["rotate_copy", "rotate_copy_torch", "shift_cos_sin", "validate_pool", "Backend"]
 
-Backend = Literal["auto", "torch", "triton"]
+Backend = Literal["auto", "torch", "cpu", "triton"]
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -123,8 +123,10 @@ def rotate_copy(
 ) -> None:
     """Gather–copy–rotate ``src_slots`` into ``dst_slots`` over every layer of the pool.
 
-    ``backend="auto"`` uses the Triton kernel for CUDA tensors and torch otherwise; ``"triton"``
-    on CPU needs ``TRITON_INTERPRET=1`` set before the kernel module is first imported.
+    ``backend="auto"`` uses the Triton kernel for CUDA tensors and the CPU fast path
+    (:mod:`~leyline_server.kernels.rotate_cpu`: slices for slot runs, one complex multiplication
+    for interleaved pairs) otherwise; ``"torch"`` is the plain reference (the tests' oracle);
+    ``"triton"`` on CPU needs ``TRITON_INTERPRET=1`` set before the kernel module is first imported.
     Raises ``ValueError`` on bad shapes, dtypes, slot indices, or an unshiftable spec.
     """
     validate_pool(keys, src_slots, dst_slots, old_pos, new_pos, spec, values)
@@ -137,5 +139,9 @@ def rotate_copy(
         from leyline_server.kernels.rotate_triton import rotate_copy_triton
 
         rotate_copy_triton(keys, src_slots, dst_slots, old_pos, new_pos, spec, values)
-    else:
+    elif backend == "torch" or keys.device.type != "cpu":
         rotate_copy_torch(keys, src_slots, dst_slots, old_pos, new_pos, spec, values)
+    else:
+        from leyline_server.kernels.rotate_cpu import rotate_copy_cpu
+
+        rotate_copy_cpu(keys, src_slots, dst_slots, old_pos, new_pos, spec, values)

@@ -14,7 +14,7 @@ from typing import Any
 
 from leyline_sdk.directives import Directive, KeptRun, apply, check, digest
 from leyline_sdk.errors import DirectiveError
-from leyline_server.engines.base import CapacityError, Handle, ModelInfo, SpliceBackend, SpliceRequest
+from leyline_server.engines.base import CapacityError, Handle, ModelInfo, SpliceBackend, SpliceRequest, StageT
 from leyline_server.splice.plan import Fill, SplicePlan, plan_splice
 from leyline_server.splice.report import Fallback, FallbackCode, Refused, SpliceError, SpliceReport
 
@@ -72,7 +72,7 @@ def _elapsed(started: float) -> float:
 class _Lease:
     """The caller's handle, released at most once (by the forget path, or on an unexpected error)."""
 
-    def __init__(self, engine: SpliceBackend, handle: Handle) -> None:
+    def __init__(self, engine: SpliceBackend[Any], handle: Handle) -> None:
         self.engine, self.handle, self.released = engine, handle, False
 
     def release(self) -> None:
@@ -82,7 +82,7 @@ class _Lease:
 
 
 def _forget(
-    engine: SpliceBackend, lease: _Lease, new: Sequence[int], started: float, fallback: Fallback | None
+    engine: SpliceBackend[Any], lease: _Lease, new: Sequence[int], started: float, fallback: Fallback | None
 ) -> tuple[Handle, SpliceReport]:
     # Release first: the common prefix is re-matched and locked by the prefill, and the old
     # branch becomes evictable, so a forget fits where the splice (which must keep it) did not.
@@ -99,7 +99,7 @@ def _forget(
     return result.handle, report
 
 
-def _check_moves(engine: SpliceBackend, handle: Handle, plan: SplicePlan, blocks: Mapping[str, Handle]) -> None:
+def _check_moves(engine: SpliceBackend[Any], handle: Handle, plan: SplicePlan, blocks: Mapping[str, Handle]) -> None:
     info = engine.info
     if not info.shiftable and (any(run.shift for run in plan.moves) or plan.places):
         raise Refused(FallbackCode.ROPE_UNSUPPORTED, info.unshiftable_reason or "RoPE not shiftable")
@@ -124,7 +124,9 @@ def _canary_sample(plan: SplicePlan, base: Sequence[int]) -> tuple[list[int], li
     return [pairs[i][0] for i in picks], [pairs[i][1] for i in picks]
 
 
-def _walk(engine: SpliceBackend, stage: Any, handle: Handle, plan: SplicePlan, blocks: Mapping[str, Handle]) -> str:
+def _walk(
+    engine: SpliceBackend[StageT], stage: StageT, handle: Handle, plan: SplicePlan, blocks: Mapping[str, Handle]
+) -> str:
     """Moves, then every step in order, then the canary; returns the canary's verdict."""
     if plan.moves:
         engine.move(stage, handle, plan.moves)
@@ -143,7 +145,7 @@ def _walk(engine: SpliceBackend, stage: Any, handle: Handle, plan: SplicePlan, b
 
 
 def _amortize(
-    engine: SpliceBackend, handle: Handle, plan: SplicePlan, blocks: Mapping[str, Handle], started: float
+    engine: SpliceBackend[StageT], handle: Handle, plan: SplicePlan, blocks: Mapping[str, Handle], started: float
 ) -> tuple[Handle, SpliceReport]:
     _check_moves(engine, handle, plan, blocks)
     stage = engine.begin(handle, plan.keep)
@@ -164,7 +166,7 @@ def _amortize(
     return fresh, report
 
 
-def splice(engine: SpliceBackend, handle: Handle, request: SpliceRequest) -> tuple[Handle, SpliceReport]:
+def splice(engine: SpliceBackend[StageT], handle: Handle, request: SpliceRequest) -> tuple[Handle, SpliceReport]:
     """Apply ``request`` to the session cached as ``handle``; return the new handle and a report.
 
     ``handle`` is consumed unless :class:`SpliceError` is raised (strict mode: nothing changed);
@@ -184,7 +186,7 @@ def splice(engine: SpliceBackend, handle: Handle, request: SpliceRequest) -> tup
 
 
 def _splice(
-    engine: SpliceBackend, lease: _Lease, request: SpliceRequest, started: float
+    engine: SpliceBackend[StageT], lease: _Lease, request: SpliceRequest, started: float
 ) -> tuple[Handle, SpliceReport]:
     handle = lease.handle
     new: list[int] | None = None

@@ -29,16 +29,17 @@ from leyline_server.engines.base import (
     Prefilled,
     SamplingParams,
 )
+from leyline_server.engines.config import context_window
 from leyline_server.engines.embedded.cache_adapter import check_layer_types, forward_with_slots, layer0_keys
 from leyline_server.engines.embedded.mirror import MirrorStore
 from leyline_server.engines.embedded.pool import SlotPool
 from leyline_server.engines.embedded.radix import Node, RadixCache
 from leyline_server.engines.embedded.sampling import Sampler
 from leyline_server.engines.logits import Processors
-from leyline_server.kernels import rotate_copy
+from leyline_server.kernels import Backend, rotate_copy
 from leyline_server.rope import RopeSpec
 
-__all__ = ["EmbeddedEngine", "Pinned", "CANARY_TOLERANCE"]
+__all__ = ["EmbeddedEngine", "Pinned", "SlotStage", "CANARY_TOLERANCE"]
 
 CANARY_TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 3e-2}
 
@@ -52,7 +53,7 @@ class Pinned(Handle):
 
 
 @dataclass
-class _Stage:
+class SlotStage:
     """A sequence under construction: its slots so far (``-1``: not staged) and what it allocated."""
 
     slots: torch.Tensor
@@ -79,8 +80,11 @@ class EmbeddedEngine:
     """One model, one slot pool, one radix cache. Not thread-safe: use from one thread.
 
     ``rotation_budget``: how often one slot's key may be rotated before splices touching it are
-    refused (``drift_budget``). ``prefix_cache=False`` makes every prefill start from scratch
-    (a baseline for benchmarks); handles and splices work as usual.
+    refused (``drift_budget``). ``rotate_backend``: what :func:`~leyline_server.kernels.rotate_copy`
+    runs (``"auto"``; ``"torch"`` is the plain reference, for tests and benchmarks).
+    ``prefix_cache=False`` makes every prefill start from scratch (a baseline for benchmarks);
+    handles and splices work as usual. ``max_context_tokens`` larger than the model's positions
+    or the pool is refused (``ValueError``, :func:`~leyline_server.engines.config.context_window`).
     """
 
     def __init__(
@@ -100,6 +104,7 @@ class EmbeddedEngine:
         self.radix = RadixCache()
         self.in_flight: set[int] = set()
         self.rotation_budget = rotation_budget
+        self.rotate_backend: Backend = "auto"
         self.prefix_cache = prefix_cache
         check_layer_types(model.config)
         self.mirrors = MirrorStore(pool, max_mirrors=8)
@@ -108,7 +113,9 @@ class EmbeddedEngine:
             name=name,
             vocab_size=int(model.config.vocab_size),
             eos_token_ids=tuple(eos_token_ids),
-            max_context_tokens=min(max_context_tokens or positions, positions, pool.capacity),
+            max_context_tokens=context_window(
+                max_context_tokens, positions, pool.capacity, pool.layout.bytes_per_slot(pool.dtype)
+            ),
             kv_capacity_tokens=pool.capacity,
             shiftable=spec.shiftable,
             unshiftable_reason=spec.reason,
@@ -176,6 +183,10 @@ class EmbeddedEngine:
         if node is not None:
             self.radix.unlock(node)
 
+    def close(self) -> None:
+        """Drop the mirrors (the pool and the model go with the engine object)."""
+        self.mirrors.clear()
+
     def check_integrity(self) -> None:
         """Every slot free, owned by one node, or in flight — exactly once (tests call this)."""
         self.radix.check_integrity(self.pool.capacity, self.pool.free_slots(), self.in_flight)
@@ -205,12 +216,12 @@ class EmbeddedEngine:
     def decode(
         self,
         handle: Handle,
-        logits: torch.Tensor,
+        state: torch.Tensor,
         params: SamplingParams,
         delivered: Callable[[], int] | None = None,
         processors: Processors | None = None,
     ) -> Generator[GenerationStep, None, None]:
-        """Yield decoded tokens after ``handle`` (whose last logits are ``logits``).
+        """Yield decoded tokens after ``handle`` (``state``: its prefill's last logits).
 
         ``processors`` change each logits row before sampling (constraints, ``min_tokens``); a
         finished one (a complete grammar) ends generation with ``stop``.
@@ -220,7 +231,7 @@ class EmbeddedEngine:
         has none yet) and ``handle`` is updated in place; KV computed for tokens decoded ahead
         of the consumer goes back to the pool.
         """
-        pinned = _pinned(handle)
+        pinned, logits = _pinned(handle), state
         sampler = Sampler(params, processors)
         stops = Sampler.stops(params, self.info.eos_token_ids)
         context = pinned.slots
@@ -258,11 +269,11 @@ class EmbeddedEngine:
         slots = _pinned(handle).slots[torch.as_tensor(list(positions), dtype=torch.long)]
         return [int(x) for x in self.pool.rotations[slots].tolist()]
 
-    def begin(self, handle: Handle, keep: int) -> _Stage:
+    def begin(self, handle: Handle, keep: int) -> SlotStage:
         """A stage that keeps the first ``keep`` cached tokens of ``handle`` where they are."""
-        return _Stage(_pinned(handle).slots[:keep].clone())
+        return SlotStage(_pinned(handle).slots[:keep].clone())
 
-    def move(self, stage: _Stage, handle: Handle, runs: Sequence[KeptRun]) -> None:
+    def move(self, stage: SlotStage, handle: Handle, runs: Sequence[KeptRun]) -> None:
         """Copy-rotate ``runs`` of ``handle`` into fresh slots at their new positions (one kernel call)."""
         pinned = _pinned(handle)
         old = torch.cat([torch.arange(r.old_start, r.old_end) for r in runs])
@@ -270,12 +281,12 @@ class EmbeddedEngine:
         src = pinned.slots[old]
         dst = self.alloc(src.numel())
         stage.allocated.append(dst)
-        rotate_copy(self.pool.keys, src, dst, old, new, self.spec, values=self.pool.values)
+        rotate_copy(self.pool.keys, src, dst, old, new, self.spec, values=self.pool.values, backend=self.rotate_backend)
         self.pool.rotations[dst] = self.pool.rotations[src] + (new != old).int()
         stage.grow(int(new.max()) + 1)
         stage.slots[new] = dst
 
-    def fill(self, stage: _Stage, at: int, tokens: Sequence[int]) -> None:
+    def fill(self, stage: SlotStage, at: int, tokens: Sequence[int]) -> None:
         """Compute ``tokens`` at positions ``[at, ...)`` attending to the staged ``[0, at)``."""
         context = stage.slots[:at]
         if context.numel() != at or bool((context < 0).any()):
@@ -285,7 +296,7 @@ class EmbeddedEngine:
         stage.grow(at + len(tokens))
         stage.slots[at : at + len(tokens)] = slots
 
-    def canary(self, stage: _Stage, positions: Sequence[int], tokens: Sequence[int]) -> CanaryResult:
+    def canary(self, stage: SlotStage, positions: Sequence[int], tokens: Sequence[int]) -> CanaryResult:
         """Compare staged layer-0 keys at ``positions`` with the model's own keys for ``tokens``."""
         if not positions:
             return CanaryResult(False)
@@ -295,15 +306,19 @@ class EmbeddedEngine:
         error = (actual - expected).abs().max().item() / max(expected.abs().max().item(), 1e-6)
         return CanaryResult(True, error, CANARY_TOLERANCE.get(self.pool.dtype, 1e-2))
 
-    def commit(self, stage: _Stage, tokens: Sequence[int], exact: int, previous: Handle) -> Pinned:
+    def commit(self, stage: SlotStage, tokens: Sequence[int], exact: int, previous: Handle) -> Pinned:
         """Cache the staged sequence as ``tokens`` under ``previous``'s scope and release ``previous``."""
         n = min(len(tokens), stage.slots.numel())
         slots = stage.slots[:n]
-        if bool((slots < 0).any()):
-            raise AssertionError("commit over a hole in the staged sequence")
-        return self._commit(tokens, slots, previous.scope, exact, previous)
+        try:
+            if bool((slots < 0).any()):
+                raise AssertionError("commit over a hole in the staged sequence")
+            return self._commit(tokens, slots, previous.scope, exact, previous)
+        except BaseException:
+            self.abort(stage)  # the slots were not taken by the tree: give them back
+            raise
 
-    def abort(self, stage: _Stage) -> None:
+    def abort(self, stage: SlotStage) -> None:
         """Give back every slot the stage allocated."""
         for slots in stage.allocated:
             self.free(slots)

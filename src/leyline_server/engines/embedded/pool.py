@@ -106,7 +106,8 @@ class SlotPool:
         """``n`` free slots as an int64 tensor, or ``None`` if fewer are free."""
         if n > len(self._free):
             return None
-        taken = [self._free.pop() for _ in range(n)]
+        taken = self._free[len(self._free) - n :][::-1]
+        del self._free[len(self._free) - n :]
         slots = torch.tensor(taken, dtype=torch.int64)
         self.rotations[slots] = 0
         self.touch(slots)
@@ -122,8 +123,9 @@ class SlotPool:
         self.generation[slots.to(torch.int64).cpu()] = self._clock
 
     def free(self, slots: torch.Tensor) -> None:
-        """Return ``slots`` to the free list."""
-        self._free.extend(int(s) for s in slots.tolist())
+        """Return ``slots`` to the free list (in reverse: a run freed comes back as the same run,
+        which the rotation and the mirrors read and write as slices)."""
+        self._free.extend(reversed(slots.tolist()))
 
     def free_slots(self) -> set[int]:
         """The free slots (for integrity checks)."""

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from leyline_server.engines.embedded.engine import EmbeddedEngine
+from leyline_server.engines.embedded.engine import EmbeddedEngine, SlotStage
 from leyline_server.engines.threaded import ThreadedEngine
 
 __all__ = ["AsyncEmbeddedEngine"]
 
 
-class AsyncEmbeddedEngine(ThreadedEngine):
+class AsyncEmbeddedEngine(ThreadedEngine[SlotStage]):
     """:class:`EmbeddedEngine` on its own thread (all model work there; see ``engines.threaded``)."""
 
     def __init__(self, core: EmbeddedEngine, tokenizer: object = None) -> None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -38,10 +37,12 @@ from leyline_server.engines.base import (
     Prefilled,
     SamplingParams,
 )
+from leyline_server.engines.config import context_window
 from leyline_server.engines.llamacpp.cache import Entry, SequenceCache
 from leyline_server.engines.llamacpp.lib import ContextConfig, LlamaContext, LlamaModel, TokenSampler, logprobs
 from leyline_server.engines.llamacpp.parking import ParkingPolicy, focus
-from leyline_server.engines.llamacpp.stage import Stage, canary_keys, move_block, prepare
+from leyline_server.engines.llamacpp.shift import verified_shifter
+from leyline_server.engines.llamacpp.stage import Stage, land, move_block, prepare, reference_keys, staged_keys
 from leyline_server.engines.logits import Processors
 
 __all__ = ["LlamaCppEngine", "SeqHandle", "CANARY_TOLERANCE", "SCRATCH", "COPY", "CANARY_SEQS"]
@@ -84,7 +85,8 @@ class LlamaCppEngine:
     splice may show (by KV dtype). ``prefix_cache=False``: every prefill starts from scratch.
     ``park_budget``: bytes of host memory for the KV of idle sequences parked out of the pool
     (0: never park; see :mod:`.parking`), ``park_threshold``: the decode slowdown idle sequences
-    may cause before they are parked.
+    may cause before they are parked. ``max_context_tokens`` larger than the model's trained
+    context or the pool is refused (``ValueError``, naming ``--kv-budget-mb``).
     """
 
     def __init__(
@@ -103,6 +105,7 @@ class LlamaCppEngine:
         park_budget: int = 4 << 30,
         park_threshold: float = 0.05,
     ) -> None:
+        context = context_window(max_context_tokens, model.n_ctx_train, n_ctx, model.cell_bytes(kv_type), granule=256)
         n_threads, n_threads_batch = threads or _threads()
         config = ContextConfig(n_ctx, n_seq_max, 512, n_threads, n_threads_batch, kv_type, flash_attn)
         self.model = model
@@ -114,12 +117,14 @@ class LlamaCppEngine:
         self.canary_tolerance = CANARY_TOLERANCE.get(kv_type, 2e-2)
         self.prefix_cache = prefix_cache
         shiftable = self.ctx.can_shift
+        # moves through the state API (cost follows the moved cells) where the check passes
+        self.shifter = verified_shifter(model, self.ctx, CANARY_SEQS[:2], self.canary_tolerance) if shiftable else None
         capacity = self.ctx.n_ctx
         self._info = ModelInfo(
             name=name,
             vocab_size=model.n_vocab,
             eos_token_ids=tuple(eos_token_ids if eos_token_ids is not None else model.eos_tokens()),
-            max_context_tokens=min(max_context_tokens or model.n_ctx_train, model.n_ctx_train, capacity),
+            max_context_tokens=min(context, capacity),  # llama.cpp only ever rounds n_ctx up
             kv_capacity_tokens=capacity,
             shiftable=shiftable,
             unshiftable_reason=None
@@ -218,12 +223,12 @@ class LlamaCppEngine:
     def decode(
         self,
         handle: Handle,
-        logits: Any,
+        state: np.ndarray | None,
         params: SamplingParams,
         delivered: Callable[[], int] | None = None,
         processors: Processors | None = None,
     ) -> Generator[GenerationStep, None, None]:
-        """Yield decoded tokens after ``handle`` (whose last logits are ``logits``).
+        """Yield decoded tokens after ``handle`` (``state``: its prefill's last logits row).
 
         ``processors`` change each logits row before sampling (constraints, ``min_tokens``): in
         llama.cpp's own buffer, which its sampler then reads; a finished one (a complete grammar)
@@ -242,7 +247,7 @@ class LlamaCppEngine:
         sampler = TokenSampler(params, self.model.n_vocab)
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self._info.eos_token_ids))
         generated: list[int] = []
-        row: np.ndarray | None = logits  # the prefill's copied row; later rows stay in the context
+        row: np.ndarray | None = state  # the prefill's copied row; later rows stay in the context
         if entry is not None:
             self.cache.unpark(entry)
             entry.busy += 1  # not parked while this stream decodes into it
@@ -297,7 +302,7 @@ class LlamaCppEngine:
         if entry is None:
             return Stage(handle, self.cache.new_entry(handle.scope), 0, owned=True)
         self._focus(entry)
-        stage = Stage(handle, entry, keep)  # holds the entry: never parked to make room meanwhile
+        stage = Stage(handle, entry, keep, shifter=self.shifter, scratch=COPY)  # held: never parked meanwhile
         try:
             self.cache.unshare_after(entry, keep, COPY)
         except BaseException:
@@ -320,6 +325,8 @@ class LlamaCppEngine:
     def fill(self, stage: Stage, at: int, tokens: Sequence[int]) -> None:
         """Compute ``tokens`` at positions ``[at, ...)`` attending to the staged ``[0, at)``."""
         prepare(self.cache, stage, ())
+        if stage.pending is not None and at > stage.pending_from:
+            land(self.cache, stage)  # the moved cells are part of this fill's context
         ctx, seq = self.ctx, stage.entry.seq
         if ctx.pos_max(seq) == at - 1:  # nothing staged past ``at``: decode in place
             self.cache.decode(seq, list(tokens), at, want_logits=False)
@@ -336,10 +343,12 @@ class LlamaCppEngine:
         """Compare staged layer-0 keys at ``positions`` with the model's own keys for ``tokens``."""
         if not positions:
             return CanaryResult(False)
-        result = canary_keys(self.cache, stage.entry.seq, positions, tokens, COPY, CANARY_SEQS)
-        if result is None:
+        positions = list(positions)[: len(CANARY_SEQS)]
+        expected = reference_keys(self.cache, positions, tokens, CANARY_SEQS)  # before landing: a short pool
+        land(self.cache, stage)
+        actual = staged_keys(self.cache, stage.entry.seq, positions, COPY)
+        if expected is None or actual is None:
             return CanaryResult(False)
-        actual, expected = result
         error = float(np.abs(actual - expected).max()) / max(float(np.abs(expected).max()), 1e-6)
         return CanaryResult(True, error, self.canary_tolerance)
 
@@ -347,6 +356,10 @@ class LlamaCppEngine:
         """Describe the staged sequence as ``tokens`` under ``previous``'s scope; ``previous`` is consumed."""
         try:
             prepare(self.cache, stage, ())
+            land(self.cache, stage)
+        except BaseException:
+            self._cut(stage)
+            raise
         finally:
             stage.unhold()
         entry = stage.entry
@@ -363,12 +376,15 @@ class LlamaCppEngine:
     def abort(self, stage: Stage) -> None:
         """Undo what cannot be kept: the sequence is cut back to ``keep`` (the handle says so)."""
         stage.unhold()
+        self._cut(stage)
+
+    def _cut(self, stage: Stage) -> None:
+        stage.pending = None  # lifted cells are dropped with the tail they belonged to
         for seq in (SCRATCH, COPY, *CANARY_SEQS):
             self.ctx.seq_rm(seq)
         if stage.owned:
             self.cache.drop(stage.entry)
-            return
-        if stage.prepared:
+        elif stage.prepared:
             self.cache.trim(stage.entry, stage.keep)
             handle = stage.handle
             handle.cached, handle.exact = stage.entry.cached, stage.entry.exact

@@ -7,7 +7,6 @@ The high-level ``llama_cpp.Llama`` is not used: it silently ignores ``n_seq_max`
 * :class:`LlamaModel` — the weights, the vocabulary and the GGUF metadata;
 * :class:`LlamaContext` — one context: a unified KV pool of ``n_ctx`` cells shared by up to
   ``n_seq_max`` sequences, one-ubatch ``decode`` calls, the sequence operations, the state API;
-* :func:`layer0_keys` — the layer-0 keys of a sequence-state blob (the canary reads them back);
 * :class:`TokenSampler` — llama.cpp's own sampler chain over a logits row (OpenAI semantics);
 * :func:`logprobs` — log-softmax of the raw logits (before temperature and penalties).
 """
@@ -16,7 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,13 +31,10 @@ __all__ = [
     "LlamaModel",
     "TokenSampler",
     "init_backend",
-    "layer0_keys",
     "logprobs",
 ]
 
 KV_TYPES = {"float32": 0, "float16": 1, "bfloat16": 30}  # ggml_type ids of the KV cache
-_KV_DTYPES: dict[int, Any] = {0: np.float32, 1: np.float16, 30: np.uint16}
-STATE_MAGIC = 0xAF143CD8  # llama_state_seq_get_data's header (llama.cpp of llama-cpp-python 0.3.36)
 GREEDY_BELOW = 1e-4  # (near-)zero temperature is greedy, as on the embedded engine
 _U8P = ctypes.POINTER(ctypes.c_uint8)
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # struct llama_token_data
@@ -80,7 +75,9 @@ class LlamaModel:
         n_embd, n_head = int(L.llama_model_n_embd(self.ptr)), int(L.llama_model_n_head(self.ptr))
         head_k = int(self.meta(f"{arch}.attention.key_length") or n_embd // max(n_head, 1))
         head_v = int(self.meta(f"{arch}.attention.value_length") or head_k)
+        self.head_k = head_k
         self.kv_row = (head_k + head_v) * int(L.llama_model_n_head_kv(self.ptr))  # K+V elements per layer
+        self.rope_type = int(L.llama_model_rope_type(self.ptr))  # llama_rope_type: NONE -1, NORM 0, NEOX 2, ...
         self.size_bytes = int(L.llama_model_size(self.ptr))  # the weights every decode step reads
 
     def cell_bytes(self, kv_type: str) -> int:
@@ -233,10 +230,14 @@ class LlamaContext:
         """Bytes :meth:`state_get` would return for ``seq``."""
         return int(L.llama_state_seq_get_size(self.ptr, seq))
 
-    def state_get(self, seq: int) -> np.ndarray:
-        """``seq``'s cells serialised (positions, every layer's K and V) into a new uint8 array."""
+    def state_get(self, seq: int, into: np.ndarray | None = None) -> np.ndarray:
+        """``seq``'s cells serialised (positions, every layer's K and V) into a new uint8 array, or
+        into the front of ``into`` when it is large enough (a view of it is returned)."""
         n = L.llama_state_seq_get_size(self.ptr, seq)
-        buf = np.empty(n, dtype=np.uint8)  # not zeroed, not copied again: 5x faster than a ctypes array
+        if into is not None and into.nbytes >= n:
+            buf = into[:n]
+        else:
+            buf = np.empty(n, dtype=np.uint8)  # not zeroed, not copied again: 5x faster than a ctypes array
         written = L.llama_state_seq_get_data(self.ptr, buf.ctypes.data_as(_U8P), n, seq)
         if written != n:
             raise RuntimeError(f"llama_state_seq_get_data wrote {written} of {n} bytes")
@@ -256,46 +257,6 @@ class LlamaContext:
             L.llama_batch_free(self._batch)
             L.llama_free(self.ptr)
             self.ptr = None
-
-
-def layer0_keys(blob: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(positions, float32 layer-0 key rows) of a sequence-state blob, in cell order.
-
-    Parses the format of this llama.cpp version (plain KV cache, one stream); anything else —
-    another magic, several streams, cells shared in the blob, a quantised key type — raises
-    ``ValueError`` (the canary then reports itself unavailable).
-    """
-    off = 0
-    raw = blob.data
-
-    def read(fmt: str) -> Any:
-        nonlocal off
-        values = struct.unpack_from("<" + fmt, raw, off)
-        off += struct.calcsize("<" + fmt)
-        return values[0]
-
-    if read("I") != STATE_MAGIC:
-        raise ValueError("unknown llama.cpp state format")
-    read("i")  # the sequence id
-    if read("I") != 1:
-        raise ValueError("more than one KV stream")
-    cells = read("I")
-    pos = np.empty(cells, dtype=np.int64)
-    for i in range(cells):
-        pos[i] = read("i")
-        if read("I") != 1:
-            raise ValueError("a cell with several sequences in a sequence state")
-        read("i")
-    read("I")  # v_trans
-    read("I")  # n_layer
-    k_type, row_bytes = read("i"), read("Q")
-    if k_type not in _KV_DTYPES:
-        raise ValueError(f"key type {k_type} is not f32/f16/bf16")
-    rows = np.frombuffer(blob, dtype=np.uint8, count=cells * row_bytes, offset=off).view(_KV_DTYPES[k_type])
-    rows = rows.reshape(cells, -1)
-    if k_type == 30:  # bf16: the upper half of an f32
-        return pos, (rows.astype(np.uint32) << 16).view(np.float32)
-    return pos, rows.astype(np.float32)
 
 
 class TokenSampler:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from leyline_server.engines.config import EngineConfig
 from leyline_server.engines.llamacpp.engine import LlamaCppEngine
 from leyline_server.engines.llamacpp.lib import KV_TYPES, LlamaModel
 from leyline_server.engines.llamacpp.serving import AsyncLlamaCppEngine
@@ -57,46 +58,38 @@ def kv_cells(model: LlamaModel, kv_budget_mb: float, kv_type: str) -> int:
 
 
 def load_llamacpp(
-    model: str,
-    kv_budget_mb: float = 256.0,
-    dtype: str = "float32",
-    layers: int = 2,
-    name: str | None = None,
-    max_context_tokens: int | None = None,
-    prefix_cache: bool = True,
-    threads: tuple[int, int] | None = None,
-    flash_attn: bool | None = False,
-    park_budget_mb: float = 4096.0,
+    config: EngineConfig, threads: tuple[int, int] | None = None, flash_attn: bool | None = False
 ) -> tuple[AsyncLlamaCppEngine, Any]:
-    """(engine, tokenizer) for ``model``; ``dtype`` is the KV cache's, float16/bfloat16 halve the pool.
+    """(engine, tokenizer) for ``config.model``; ``config.dtype`` is the KV cache's (float16/bfloat16
+    halve the pool), ``config.swap_space_gb`` the host memory idle sequences are parked in (0:
+    never park).
 
-    ``park_budget_mb``: host memory for idle sequences parked out of the pool (0: never park).
-
-    Flash attention is off by default (``None`` lets llama.cpp decide, which turns it on for the
+    ``threads``: (decode, prompt) threads (default: one per two cores, every core). Flash
+    attention is off by default (``None`` lets llama.cpp decide, which turns it on for the
     CPU): on a 2-core CPU it halves decode speed at 2k tokens of context (35-40 vs 70 tok/s on
     SmolLM2) and its reduced precision adds noise; with a float32 cache and no flash attention a
     one-layer model's splice equals a fresh prefill to ~1e-4 (the exact oracle).
     """
     from transformers import AutoTokenizer
 
-    if dtype not in KV_TYPES:
+    if config.dtype not in KV_TYPES:
         raise ValueError(f"dtype must be one of {sorted(KV_TYPES)}")
-    path = resolve_gguf(model, layers)
+    path = resolve_gguf(config.model, config.preset_layers)
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     weights = LlamaModel(path)
     try:
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else None
         core = LlamaCppEngine(
             weights,
-            n_ctx=kv_cells(weights, kv_budget_mb, dtype),
-            kv_type=dtype,
+            n_ctx=kv_cells(weights, config.kv_budget_mb, config.dtype),
+            kv_type=config.dtype,
             flash_attn=flash_attn,
             threads=threads,
             eos_token_ids=eos,
-            name=name or model,
-            max_context_tokens=max_context_tokens,
-            prefix_cache=prefix_cache,
-            park_budget=int(park_budget_mb * 2**20),
+            name=config.name,
+            max_context_tokens=config.context_length,
+            prefix_cache=config.prefix_cache,
+            park_budget=int(config.swap_space_gb * 2**30),
         )
     except BaseException:
         weights.close()

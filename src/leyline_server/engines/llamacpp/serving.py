@@ -7,12 +7,13 @@ All llama.cpp work runs on one worker thread (a context is not thread-safe); see
 from __future__ import annotations
 
 from leyline_server.engines.llamacpp.engine import LlamaCppEngine
+from leyline_server.engines.llamacpp.stage import Stage
 from leyline_server.engines.threaded import ThreadedEngine
 
 __all__ = ["AsyncLlamaCppEngine"]
 
 
-class AsyncLlamaCppEngine(ThreadedEngine):
+class AsyncLlamaCppEngine(ThreadedEngine[Stage]):
     """:class:`LlamaCppEngine` on its own thread, as an :class:`~leyline_server.engines.base.Engine`."""
 
     def __init__(self, core: LlamaCppEngine, tokenizer: object = None) -> None:

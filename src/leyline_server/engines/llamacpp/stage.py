@@ -1,14 +1,19 @@
 """The pieces of an in-place splice on one llama.cpp sequence (see :mod:`.engine`).
 
 * :func:`prepare` — drop every base cell the plan does not keep, move the kept runs;
+* :func:`land` — put moved cells that were lifted out of the pool back, at their new positions;
 * :func:`move_block` — a copy of another entry's cells (a block), moved to where it lands;
-* :func:`canary_keys` — rotated layer-0 keys read back, and the model's own for the same tokens.
+* :func:`reference_keys`, :func:`staged_keys` — the canary's two sides.
 
-Moving uses ``llama_memory_seq_add``, which changes positions at once but re-rotates keys
-lazily, at the start of the next ``llama_decode`` (for every moved cell of the pool). Every path
-that moves cells decodes afterwards before anything reads keys: the fills do, and the canary's
-reference decode does (a splice that only deletes has no fill, but it has a canary, since it
-moves runs).
+Moving goes through a :class:`~.shift.KeyShifter` when the engine has one: the moving cells are
+serialised, removed from the pool and repositioned in host memory (new positions, keys rotated),
+and restored (:func:`land`) only when something needs them: a fill past them, the canary's
+read-back, the commit. Until then they are out of the pool, so fills and the canary's reference
+decode attend over a short pool (llama.cpp's attention reads every cell up to the highest one in
+use). Without a shifter, runs move with ``llama_memory_seq_add``, which changes positions at once
+but re-rotates keys lazily, at the start of the next ``llama_decode``, for every cell of the
+pool; every path that moves cells that way decodes before anything reads keys (the fills do,
+and so does the canary's reference decode).
 """
 
 from __future__ import annotations
@@ -19,11 +24,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from leyline_sdk.directives import KeptRun
-from leyline_server.engines.base import Handle
+from leyline_server.engines.base import CapacityError, Handle
 from leyline_server.engines.llamacpp.cache import Entry, SequenceCache
-from leyline_server.engines.llamacpp.lib import layer0_keys
+from leyline_server.engines.llamacpp.shift import KeyShifter
+from leyline_server.engines.llamacpp.state import StateBlob, layer0_keys
 
-__all__ = ["Stage", "prepare", "move_block", "canary_keys"]
+__all__ = ["Stage", "prepare", "land", "move_block", "reference_keys", "staged_keys"]
 
 PARKED = 1 << 30  # runs are parked this far out while moving, so that no two ranges ever overlap
 
@@ -36,8 +42,12 @@ class Stage:
     entry: Entry
     keep: int
     owned: bool = False
+    shifter: KeyShifter | None = None  # None: runs move with seq_add
+    scratch: int = 1  # the sequence id lifted cells pass through
     prepared: bool = False
     held: bool = True  # ``entry.busy`` counts this stage until commit or abort
+    pending: StateBlob | None = None  # moved cells lifted out of the pool, repositioned, not yet landed
+    pending_from: int = 0  # the lowest new position among them
     _rotations: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
 
     def __post_init__(self) -> None:
@@ -67,8 +77,9 @@ def prepare(cache: SequenceCache, stage: Stage, runs: Sequence[KeptRun]) -> None
     """Once per splice: remove what the plan drops from the stage's sequence and move ``runs``.
 
     Kept are ``[0, keep)`` and each run's old range; everything else goes (replaced spans, the
-    forgotten or uncached tail). Runs with a shift are first parked at ``PARKED + old`` and then
-    brought to ``old + shift``: no ``seq_add`` range ever holds cells of another run.
+    forgotten or uncached tail). Shifted runs are lifted out and repositioned (:func:`_lift`),
+    or, without a shifter, parked at ``PARKED + old`` and brought to ``old + shift`` with
+    ``seq_add`` (no range then ever holds cells of another run).
     """
     if stage.prepared:
         if runs:
@@ -82,15 +93,57 @@ def prepare(cache: SequenceCache, stage: Stage, runs: Sequence[KeptRun]) -> None
             ctx.seq_rm(seq, end, run.old_start)
         end = run.old_end
     ctx.seq_rm(seq, end, -1)
+    stage.prepared = True  # the sequence no longer matches its description: abort cuts it to keep
     moving = [run for run in ordered if run.shift]
-    for run in moving:
-        ctx.seq_add(seq, run.old_start, run.old_end, PARKED)
-    for run in moving:
-        ctx.seq_add(seq, PARKED + run.old_start, PARKED + run.old_end, run.shift - PARKED)
+    if moving and not (stage.shifter is not None and _lift(cache, stage, moving)):
+        for run in moving:
+            ctx.seq_add(seq, run.old_start, run.old_end, PARKED)
+        for run in moving:
+            ctx.seq_add(seq, PARKED + run.old_start, PARKED + run.old_end, run.shift - PARKED)
     old = stage.entry.rotations
     for run in ordered:
         stage.set_rotations(run.new_start, old[run.old_start : run.old_end] + (1 if run.shift else 0))
-    stage.prepared = True
+
+
+def _lift(cache: SequenceCache, stage: Stage, moving: list[KeptRun]) -> bool:
+    """Serialise the ``moving`` runs' cells, remove them from the pool, reposition them in host
+    memory (:attr:`Stage.pending`); ``False`` (nothing changed) when the state cannot be read."""
+    assert stage.shifter is not None
+    ctx, seq, scratch = cache.ctx, stage.entry.seq, stage.scratch
+    ctx.seq_rm(scratch)
+    for run in moving:
+        ctx.seq_cp(seq, scratch, run.old_start, run.old_end)
+    data = ctx.state_get(scratch, cache.lift_buffer(ctx.state_size(scratch)))
+    ctx.seq_rm(scratch)
+    try:
+        state = StateBlob.parse(data)
+    except ValueError:
+        return False
+    for run in moving:
+        ctx.seq_rm(seq, run.old_start, run.old_end)
+    starts = np.asarray([run.old_start for run in moving])
+    shifts = np.asarray([run.shift for run in moving])
+    stage.shifter.shift(state, shifts[np.searchsorted(starts, state.positions, side="right") - 1])
+    stage.pending, stage.pending_from = state, min(run.new_start for run in moving)
+    return True
+
+
+def land(cache: SequenceCache, stage: Stage) -> None:
+    """Restore lifted cells into fresh cells of the stage's sequence (making room if needed).
+
+    Raises :class:`CapacityError` when the pool cannot take them back (the cells are lost: the
+    caller cuts the sequence back to ``keep``, as an abort does).
+    """
+    state = stage.pending
+    if state is None:
+        return
+    ctx, scratch = cache.ctx, stage.scratch
+    while not ctx.state_set(state.data, scratch):
+        if not cache.make_room((stage.entry,)):
+            raise CapacityError(f"no room in the KV pool for {state.cells} moved cells")
+    ctx.seq_cp(scratch, stage.entry.seq)
+    ctx.seq_rm(scratch)
+    stage.pending = None
 
 
 def move_block(cache: SequenceCache, stage: Stage, source: Entry, run: KeptRun, scratch: int) -> None:
@@ -101,7 +154,7 @@ def move_block(cache: SequenceCache, stage: Stage, source: Entry, run: KeptRun, 
         cache.copy_cells(source.seq, run.old_start, run.old_end, scratch, protect=(source, stage.entry))
     else:  # a parked block: its serialised cells go straight into the scratch sequence
         cache.restore_range(source, scratch, run.old_start, run.old_end, protect=(stage.entry,))
-    if run.shift:
+    if run.shift and not _reposition(cache, stage, scratch, run.shift):
         ctx.seq_add(scratch, run.old_start, run.old_end, run.shift)
     ctx.seq_cp(scratch, stage.entry.seq, run.new_start, run.new_start + n)
     ctx.seq_rm(scratch)
@@ -109,19 +162,32 @@ def move_block(cache: SequenceCache, stage: Stage, source: Entry, run: KeptRun, 
     stage.set_rotations(run.new_start, counts)
 
 
-def canary_keys(
-    cache: SequenceCache,
-    seq: int,
-    positions: Sequence[int],
-    tokens: Sequence[int],
-    scratch: int,
-    references: Sequence[int],
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """(staged layer-0 keys at ``positions``, the model's own keys of ``tokens`` there), or ``None``.
+def _reposition(cache: SequenceCache, stage: Stage, scratch: int, shift: int) -> bool:
+    """Move every cell of ``scratch`` by ``shift`` through the shifter; ``False`` without one."""
+    if stage.shifter is None:
+        return False
+    ctx = cache.ctx
+    data = ctx.state_get(scratch)
+    try:
+        state = StateBlob.parse(data)
+    except ValueError:
+        return False
+    stage.shifter.shift(state, np.full(state.cells, shift))
+    ctx.seq_rm(scratch)
+    while not ctx.state_set(data, scratch):
+        if not cache.make_room((stage.entry,)):
+            raise CapacityError(f"no room to place {state.cells} KV cells")
+    return True
 
-    The reference decodes each token alone in an empty sequence at its position (empty
-    sequences accept any start) — which also applies pending re-rotations before the read.
-    ``None`` when the state format cannot be read (the canary is then unavailable).
+
+def reference_keys(
+    cache: SequenceCache, positions: Sequence[int], tokens: Sequence[int], references: Sequence[int]
+) -> np.ndarray | None:
+    """The model's own layer-0 keys of ``tokens`` at ``positions`` (the first ``len(references)``), or ``None``.
+
+    Each token is decoded alone in an empty sequence at its position (empty sequences accept any
+    start; layer-0 keys depend on nothing else), which also applies pending ``seq_add``
+    re-rotations. ``None`` when the state format cannot be read (the canary is then unavailable).
     """
     ctx = cache.ctx
     pairs = list(zip(positions, tokens, strict=True))[: len(references)]
@@ -129,19 +195,27 @@ def canary_keys(
         for ref in references:
             ctx.seq_rm(ref)
         cache.decode_batch([(references[i], t, p) for i, (p, t) in enumerate(pairs)], want_logits=False)
-        expected = np.stack([layer0_keys(ctx.state_get(references[i]))[1][0] for i in range(len(pairs))])
+        return np.stack([layer0_keys(ctx.state_get(references[i]))[1][0] for i in range(len(pairs))])
+    except ValueError:
+        return None
+    finally:
+        for ref in references:
+            ctx.seq_rm(ref)
+
+
+def staged_keys(cache: SequenceCache, seq: int, positions: Sequence[int], scratch: int) -> np.ndarray | None:
+    """The layer-0 keys ``seq`` holds at ``positions``, read back through the state API (or ``None``)."""
+    ctx = cache.ctx
+    try:
         ctx.seq_rm(scratch)
-        for p, _ in pairs:
+        for p in positions:
             ctx.seq_cp(seq, scratch, p, p + 1)
         cell_pos, rows = layer0_keys(ctx.state_get(scratch))
-        by_pos = {int(p): rows[i] for i, p in enumerate(cell_pos)}
-        if any(p not in by_pos for p, _ in pairs):
-            return None
-        actual = np.stack([by_pos[p] for p, _ in pairs])
     except ValueError:
         return None
     finally:
         ctx.seq_rm(scratch)
-        for ref in references:
-            ctx.seq_rm(ref)
-    return actual, expected
+    by_pos = {int(p): rows[i] for i, p in enumerate(cell_pos)}
+    if any(p not in by_pos for p in positions):
+        return None
+    return np.stack([by_pos[p] for p in positions])

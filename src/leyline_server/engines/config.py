@@ -1,0 +1,90 @@
+"""One frozen description of the engine to build: the CLI fills it, the factory and the loaders read it.
+
+Before this object the CLI's flags travelled as keyword arguments through the factory into each
+loader, and a flag one hop forgot was silently dropped. Now every engine-relevant flag is a field
+here (``tests/server/test_engine_config.py`` checks that each flag of the CLI's model group
+changes this object), and each loader takes the whole object.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["DTYPES", "ENGINES", "EngineConfig", "context_window"]
+
+ENGINES = ("embedded", "sglang", "llamacpp")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What to serve and with what memory; immutable once built.
+
+    * ``engine``: ``embedded``, ``llamacpp`` or ``sglang``; ``model``: a preset, a ``.gguf`` file
+      or a checkpoint folder (``--model-path``); ``served_name``: the first ``--served-model-name``.
+    * ``dtype``: weights and KV (embedded), the KV cache (llama.cpp), passed to SGLang when given.
+    * ``preset_layers``: decoder layers of a tiny preset model.
+    * ``kv_budget_mb``: the KV pool (``--kv-budget-mb``, or ``--mem-fraction-static`` resolved).
+    * ``context_length``: the longest prompt + completion asked for (``--context-length``); an
+      engine whose pool or model cannot hold it refuses to start (:func:`context_window`).
+      ``None``: the model's, capped by the pool.
+    * ``prefix_cache``: ``False`` recomputes every prompt (``--disable-prefix-cache``).
+    * ``swap_space_gb``: host memory the llama.cpp engine parks idle sequences in.
+    * ``engine_args``: the sglang engine's command line (SGLang's flags, model path included).
+    """
+
+    engine: str = "embedded"
+    model: str = "tiny-mla"
+    served_name: str | None = None
+    dtype: str = "float32"
+    preset_layers: int = 2
+    kv_budget_mb: float = 256.0
+    context_length: int | None = None
+    prefix_cache: bool = True
+    swap_space_gb: float = 4.0
+    engine_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"unknown engine {self.engine!r}; engines: {', '.join(ENGINES)}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
+        if not self.kv_budget_mb > 0:
+            raise ValueError(f"--kv-budget-mb must be positive, not {self.kv_budget_mb}")
+        if self.swap_space_gb < 0:
+            raise ValueError("--swap-space must be 0 or more (GiB)")
+        if self.preset_layers < 1:
+            raise ValueError("--preset-layers must be at least 1")
+        if self.context_length is not None and self.context_length < 1:
+            raise ValueError("--context-length must be positive")
+        object.__setattr__(self, "engine_args", tuple(self.engine_args))
+
+    @property
+    def name(self) -> str:
+        """The name the engine reports (the served name, else the model)."""
+        return self.served_name or self.model
+
+
+def context_window(asked: int | None, positions: int, capacity: int, bytes_per_token: int, granule: int = 1) -> int:
+    """The context an engine serves: ``asked`` if the model and the KV pool can hold it, else refuse.
+
+    ``positions``: the model's trained context; ``capacity``: tokens the KV pool holds;
+    ``bytes_per_token`` and ``granule`` (the pool grows in steps of this many tokens) size the
+    ``--kv-budget-mb`` the message asks for. Without ``asked``, the model's context capped by the
+    pool. Refusing is what vLLM does when its KV cache cannot hold ``--max-model-len``: a
+    context that is silently smaller than asked fails later, on a long request, with a 400.
+    """
+    if asked is None:
+        return min(positions, capacity)
+    if asked > positions:
+        raise ValueError(f"--context-length {asked} is longer than the model's context of {positions} tokens")
+    if asked > capacity:
+        tokens = math.ceil(asked / granule) * granule
+        need = math.ceil(tokens * bytes_per_token / 2**20)
+        raise ValueError(
+            f"--context-length {asked} does not fit the KV pool: it holds {capacity} tokens "
+            f"({bytes_per_token:,} bytes each); raise --kv-budget-mb to at least {need} "
+            "(or --mem-fraction-static to match), or lower --context-length"
+        )
+    return asked

@@ -1,0 +1,147 @@
+"""Every engine flag of the CLI reaches the engine, through one frozen :class:`EngineConfig`.
+
+The keyword relay this replaced (CLI -> factory -> loader) once dropped ``--disable-prefix-cache``
+without a word. These tests walk the CLI parser's ``model`` group, so a flag added there without
+reaching the config fails here, and check on a built engine that each field took effect.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import re
+
+import pytest
+import torch
+
+from leyline_server.cli import build_parser, build_service, engine_config, main, parse_args
+from leyline_server.engines.config import EngineConfig, context_window
+from leyline_server.engines.embedded.pool import layout_from_config
+from leyline_server.engines.factory import build_engine
+
+
+def _model_group(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    group = next(g for g in parser._action_groups if g.title == "model")
+    return list(group._group_actions)
+
+
+def _non_default(action: argparse.Action) -> list[str]:
+    """A command line setting ``action`` to something other than its default."""
+    flag = action.option_strings[0]
+    if action.nargs == 0:  # store_true
+        return [flag]
+    if action.choices:
+        value = next(c for c in action.choices if c not in (action.default, "sglang"))  # sglang: its own venv
+        return [flag, str(value)]
+    if action.type is int:
+        return [flag, str((action.default or 300) + 1)]
+    if action.type is float:
+        return [flag, "0.5" if action.default is None else str(action.default / 2)]
+    return [flag, "tiny-gqa"]
+
+
+def test_every_model_flag_changes_the_engine_config():
+    parser = build_parser()
+    actions = _model_group(parser)
+    assert len(actions) >= 10  # the group holds the engine flags (a renamed group would pass vacuously)
+    default = engine_config(parse_args([]))
+    for action in actions:
+        argv = _non_default(action)
+        changed = engine_config(parse_args(argv))
+        diff = {
+            f.name for f in dataclasses.fields(EngineConfig) if getattr(changed, f.name) != getattr(default, f.name)
+        }
+        assert diff, f"{' '.join(argv)} does not reach EngineConfig"
+
+
+def test_each_flag_lands_in_its_field():
+    args = parse_args(
+        ["--model-path", "tiny-gqa", "--served-model-name", "a", "--served-model-name", "b", "--engine", "llamacpp",
+         "--dtype", "bfloat16", "--preset-layers", "3", "--context-length", "300", "--kv-budget-mb", "12",
+         "--disable-prefix-cache", "--swap-space", "0.5"]
+    )  # fmt: skip
+    assert engine_config(args) == EngineConfig(
+        engine="llamacpp",
+        model="tiny-gqa",
+        served_name="a",
+        dtype="bfloat16",
+        preset_layers=3,
+        kv_budget_mb=12.0,
+        context_length=300,
+        prefix_cache=False,
+        swap_space_gb=0.5,
+    )
+    fraction = engine_config(parse_args(["--mem-fraction-static", "0.01"]))
+    assert 0 < fraction.kv_budget_mb != 256.0  # a share of the memory available, not the default budget
+
+
+def test_the_config_is_frozen_and_checked():
+    config = EngineConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.model = "x"  # type: ignore[misc]
+    for bad, flag in (({"swap_space_gb": -1}, "--swap-space"), ({"kv_budget_mb": 0}, "--kv-budget-mb"),
+                      ({"dtype": "int8"}, "--dtype"), ({"engine": "vllm"}, "unknown engine")):  # fmt: skip
+        with pytest.raises(ValueError, match=flag):
+            EngineConfig(**bad)
+
+
+def test_the_embedded_engine_honours_every_field():
+    config = EngineConfig(
+        model="tiny-gqa",
+        served_name="served",
+        dtype="bfloat16",
+        preset_layers=3,
+        kv_budget_mb=2.0,
+        context_length=300,
+        prefix_cache=False,
+    )
+    engine, _ = build_engine(config)
+    core = engine.core  # type: ignore[attr-defined]
+    layout = layout_from_config(core.model.config)
+    assert core.info.name == "served" and core.info.max_context_tokens == 300
+    assert core.model.config.num_hidden_layers == 3 and layout.layers == 3
+    assert core.pool.dtype == torch.bfloat16 and next(core.model.parameters()).dtype == torch.bfloat16
+    assert core.pool.capacity == int(2.0 * 2**20) // layout.bytes_per_slot(torch.bfloat16)
+    assert core.prefix_cache is False
+    asyncio.run(engine.close())
+
+
+def test_the_cli_reaches_the_embedded_engine():
+    argv = ["--model-path", "tiny-gqa", "--served-model-name", "m", "--preset-layers", "1", "--kv-budget-mb", "4",
+            "--context-length", "256", "--disable-prefix-cache", "--dtype", "float16"]  # fmt: skip
+    service = build_service(parse_args(argv))
+    core = service.engine.core
+    assert (core.info.name, core.info.max_context_tokens, core.prefix_cache) == ("m", 256, False)
+    assert core.pool.dtype == torch.float16 and core.model.config.num_hidden_layers == 1
+    asyncio.run(service.shutdown())
+
+
+def test_a_context_the_pool_cannot_hold_is_refused_naming_the_budget():
+    small = EngineConfig(model="tiny-gqa", preset_layers=1, kv_budget_mb=0.05)
+    engine, _ = build_engine(small)
+    capacity = engine.info.kv_capacity_tokens
+    assert engine.info.max_context_tokens == capacity  # no --context-length: the pool caps it
+    asyncio.run(engine.close())
+    asked = capacity + 100
+    with pytest.raises(ValueError, match="--kv-budget-mb") as refused:
+        build_engine(dataclasses.replace(small, context_length=asked))
+    need = int(re.search(r"--kv-budget-mb to at least (\d+)", str(refused.value)).group(1))
+    engine, _ = build_engine(dataclasses.replace(small, context_length=asked, kv_budget_mb=need))
+    assert engine.info.max_context_tokens == asked  # the budget the message names is enough
+    asyncio.run(engine.close())
+    with pytest.raises(ValueError, match="longer than the model's context of 8192"):
+        build_engine(dataclasses.replace(small, context_length=9000, kv_budget_mb=64))
+
+
+def test_main_refuses_to_start_with_an_impossible_context(capsys):
+    assert main(["--model-path", "tiny-gqa", "--preset-layers", "1", "--kv-budget-mb", "0.05",
+                 "--context-length", "4096"]) == 2  # fmt: skip
+    assert "--kv-budget-mb" in capsys.readouterr().err
+
+
+def test_context_window_rounds_the_budget_to_the_pool_granule():
+    assert context_window(None, 8192, 5632, 46080, granule=256) == 5632
+    assert context_window(4096, 8192, 5632, 46080, granule=256) == 4096
+    with pytest.raises(ValueError, match="at least 360 "):  # 8192 cells x 46,080 bytes = 360 MiB
+        context_window(8192, 8192, 5632, 46080, granule=256)
