@@ -58,15 +58,22 @@ class Answer:
 
 
 class Client:
-    """One API key's view of a :class:`Target` (HTTP for Leyline's routes, ``openai`` for chat)."""
+    """One API key's view of a :class:`Target` (HTTP for Leyline's routes, ``openai`` for chat).
+
+    Every session it opened (directly or through a chat request) is deleted by :meth:`close`, so
+    the servers shared by the whole test session do not fill up with pinned sessions.
+    """
 
     def __init__(self, target: Target, key: str = KEYS[0]) -> None:
         self.target = target
         self.http = httpx.Client(base_url=target.url, headers={"Authorization": f"Bearer {key}"}, timeout=300)
         self.openai = openai.OpenAI(base_url=target.url + "/v1", api_key=key, max_retries=0, timeout=300)
+        self.sessions: set[str] = set()
 
     def close(self) -> None:
-        """Close both clients."""
+        """Delete the sessions this client opened, close both clients."""
+        for sid in self.sessions:
+            self.http.delete(f"/v1/leyline/sessions/{sid}")  # 404 when already gone: fine
         self.http.close()
         self.openai.close()
 
@@ -91,6 +98,7 @@ class Client:
     def open_session(self, messages: list[dict[str, str]]) -> tuple[str, list[int]]:
         """A session whose base is ``messages`` rendered (prefilled now): its id and base tokens."""
         r = self.post("/v1/leyline/sessions", {"messages": messages})
+        self.sessions.add(r["id"])
         return r["id"], list(r["tokens"])
 
     # -- chat ---------------------------------------------------------------------------------------
@@ -104,11 +112,14 @@ class Client:
         choice = r.choices[0]
         steps = choice.logprobs.content if choice.logprobs and choice.logprobs.content else []
         details = r.usage.prompt_tokens_details if r.usage else None
+        report = (r.model_extra or {}).get("leyline")
+        if report and report.get("session_id"):
+            self.sessions.add(report["session_id"])
         return Answer(
             text=choice.message.content or "",
             tokens=[s.token for s in steps],
             top=[sorted((t.logprob for t in s.top_logprobs), reverse=True) for s in steps],
-            leyline=(r.model_extra or {}).get("leyline"),
+            leyline=report,
             cached_tokens=int(details.cached_tokens or 0) if details else 0,
         )
 

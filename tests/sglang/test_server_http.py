@@ -76,6 +76,7 @@ def test_smollm2_greedy_tokens_equal_transformers_own_forward(target):
         prompt, _ = c.render(messages, prompt=True)
         r = c.post("/v1/chat/completions", {"model": target.name, "messages": messages, "max_tokens": 8,
                                              "temperature": 0, "leyline": {}})  # fmt: skip
+        c.sessions.add(r["leyline"]["session_id"])
     model = AutoModelForCausalLM.from_pretrained(str(checkpoint("smollm2-135m")), dtype=torch.float32).eval()
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)
@@ -96,6 +97,8 @@ async def test_sdk_agent_session_splices_with_the_canary_passing(target):
         reports.append(r.leyline)
         messages += agent_turn(turn, lines=8)
     await client.aclose()
+    with Client(target) as c:  # aclose deleted the session: the shared server has its KV back
+        assert c.http.get(f"/v1/leyline/sessions/{reports[-1]['session_id']}").status_code == 404
     edited = [(s, rep) for s, rep in zip(session.stats, reports, strict=True) if s.directives]
     assert all(s.fallback is None and rep["applied"] for s, rep in edited), session.stats
     moved = [(s, rep) for s, rep in edited if s.rotated_tokens]

@@ -162,12 +162,19 @@ class SGLangSpliceBackend:
         if pin is not None:
             self.transport.post("unpin", {"pin": pin})
 
-    def _check_room(self, tokens: list[int], ns: str | None, need: int | None = None) -> None:
-        reply = self.transport.control("probe", {"tokens": tokens, "ns": ns})
-        if need is None:  # a request recomputes at least its last token
-            need = len(tokens) - min(int(reply["matched"]), len(tokens) - 1)
+    def _check_room(self, tokens: list[int], ns: str | None, need: int | None = None, max_new: int = 1) -> None:
+        """Raise :class:`CapacityError` unless SGLang would admit a request for ``tokens`` that
+        generates ``max_new`` tokens (``need``: slots asked for instead, e.g. a whole commit)."""
+        reply = self.transport.control("probe", {"tokens": tokens, "ns": ns, "max_new": max_new})
+        need = int(reply["need"]) if need is None else need + max_new + 1
         if need > int(reply["room"]):
             raise CapacityError(f"need {need} KV slots, {reply['room']} free or evictable")
+
+    def check_decode_room(self, tokens: Sequence[int], ns: str | None, max_new: int) -> None:
+        """Before a generation of ``max_new`` tokens after ``tokens``: SGLang admits it only with
+        room for all of them up front, and would otherwise queue it for as long as pinned
+        sessions hold the pool (:class:`CapacityError` instead)."""
+        self._check_room(list(tokens), ns, max_new=max_new)
 
     def prefill(self, tokens: Sequence[int], scope: CacheScope, previous: Handle | None = None) -> Prefilled:
         """Cache ``tokens`` through SGLang (reusing its cached prefix) and pin them; release ``previous``."""

@@ -13,7 +13,8 @@ computed attending to it.
 Operations (``handle(op, args) -> reply``; keys are token lists, ``ns`` the ``cache_salt``):
 
 * ``info`` — model and pool facts, the RoPE spec, and what this runtime cannot splice;
-* ``probe`` — cached prefix length of ``tokens`` and the room (free + evictable slots);
+* ``probe`` — cached prefix length of ``tokens``, the room (free + evictable slots once that
+  prefix is locked, as SGLang's admission counts it) and what a request for ``tokens`` needs;
 * ``pin`` / ``unpin`` — lock / unlock the cached prefix of ``tokens`` under a pin id;
 * ``counts`` — rotations of the pinned slots at ``positions``;
 * ``canary`` — the layer-0 rows the moves will copy (each from its own pinned source: the session's
@@ -181,10 +182,26 @@ class SchedulerSplicer:
             "refusals": self.refusals,
         }
 
-    def op_probe(self, tokens: list[int], ns: str | None) -> dict[str, Any]:
-        """How much of ``tokens`` is cached, and how many slots could be had (free + evictable)."""
-        matched, _ = self._match(tokens, ns)
-        return {"matched": matched, "room": int(self.allocator.available_size()) + int(self.tree.evictable_size())}
+    def op_probe(self, tokens: list[int], ns: str | None, max_new: int = 1) -> dict[str, Any]:
+        """How much of ``tokens`` is cached, the room, and what SGLang admits a request for them with.
+
+        SGLang admits a request only when its new tokens, its ``max_new_tokens`` (clipped at
+        ``CLIP_MAX_NEW_TOKENS``) and one page fit in the free plus evictable slots, its own
+        cached prefix locked (``schedule_policy.PrefillAdder.add_one_req``); otherwise the
+        request waits, for good if pinned sessions hold the rest. ``room`` and ``need`` count
+        the same way, so the engine refuses (``CapacityError``) instead of queueing forever.
+        """
+        from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS
+
+        matched, node = self._match(tokens, ns)
+        lock = self._lock(matched, node)
+        try:
+            room = int(self.allocator.available_size()) + int(self.tree.evictable_size())
+        finally:
+            self.tree.unlock(lock)
+        extend = len(tokens) - min(matched, max(len(tokens) - 1, 0))  # SGLang recomputes the last token
+        need = extend + min(max_new, CLIP_MAX_NEW_TOKENS) + int(getattr(self.allocator, "page_size", 1))
+        return {"matched": matched, "room": room, "need": need}
 
     def op_pin(self, pin: int, tokens: list[int], ns: str | None) -> dict[str, Any]:
         """Lock the cached prefix of ``tokens`` under ``pin``: its length and how much of it is exact."""
