@@ -18,10 +18,11 @@ import hashlib
 import struct
 from collections.abc import Sequence
 from enum import Enum
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     NonNegativeInt,
@@ -36,6 +37,7 @@ from leyline_sdk.errors import DirectiveError
 __all__ = [
     "Mode",
     "Directive",
+    "Index",
     "KeptRun",
     "apply",
     "check",
@@ -47,6 +49,16 @@ __all__ = [
 ]
 
 MAX_TOKEN_ID = 2**32 - 1
+
+
+def _not_bool(value: Any) -> Any:
+    """JSON ``true`` is not the number 1 here (pydantic would read it as 1)."""
+    if isinstance(value, bool):
+        raise ValueError("a boolean is not a token id or an index")
+    return value
+
+
+Index = Annotated[NonNegativeInt, BeforeValidator(_not_bool)]  # a position, count or token id (no booleans)
 
 
 class Mode(str, Enum):
@@ -77,11 +89,11 @@ class Directive(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    start: NonNegativeInt
-    end: NonNegativeInt
-    replacement: tuple[NonNegativeInt, ...] = Field(default=())
+    start: Index
+    end: Index
+    replacement: tuple[Index, ...] = Field(default=())
     mode: Mode = Mode.AMORTIZE
-    repair: NonNegativeInt = 0
+    repair: Index = 0
     block: str | None = Field(default=None, min_length=1, max_length=128)
 
     @field_validator("end")

@@ -175,7 +175,10 @@ class HFChatTokenizer:
         in the text form of :mod:`leyline_sdk.tool_text` (byte-stable).
         """
         if not self.tool_support.native:
-            messages = to_text_form(messages, tools, self.tool_support)
+            try:
+                messages = to_text_form(messages, tools, self.tool_support)
+            except (TypeError, AttributeError, ValueError, RecursionError) as exc:  # "tool_calls": "garbage"
+                raise RenderError(f"tool calls or tools not in OpenAI's shape: {exc}") from exc
             tools = tools if self.tool_support.definitions else None
         return self._render(messages, tools, add_generation_prompt)
 

@@ -94,7 +94,10 @@ def _message(message: Mapping[str, Any], support: ToolSupport) -> dict[str, Any]
     out = {k: v for k, v in message.items() if k not in ("tool_calls", "tool_call_id", "name")}
     content = _text(message.get("content"))
     if role == "assistant" and message.get("tool_calls") and not support.calls:
-        blocks = "\n".join(call_block(c) for c in message["tool_calls"])
+        calls = message["tool_calls"]
+        if not isinstance(calls, list | tuple) or not all(isinstance(c, Mapping) for c in calls):
+            raise ValueError("'tool_calls' must be a list of tool call objects")
+        blocks = "\n".join(call_block(c) for c in calls)
         content = f"{content}\n{blocks}" if content else blocks
     if role == "tool" and not support.tool_role:
         out["role"] = "user"

@@ -94,8 +94,9 @@ class LeylineResult(SpliceCounts):
     next directives. ``completion_token_ids`` are the generated tokens, so a client can rebuild
     the base without re-tokenizing. With auto-splice, ``sources`` says who made each directive the
     server derived (``"template"``: the chat template rendered unchanged messages differently,
-    e.g. dropped earlier reasoning; ``"client"``: the request changed a message) and
-    ``template_directives`` counts the template's.
+    e.g. dropped earlier reasoning) and ``template_directives`` counts the template's. The server
+    continues a plain client's session only when its earlier messages are unchanged, so it
+    derives no ``"client"`` directives (a changed message opens a new session).
     """
 
     session_id: str | None = None

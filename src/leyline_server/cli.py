@@ -20,7 +20,7 @@ import signal
 import sys
 from typing import Any
 
-__all__ = ["main", "build_service", "parse_args", "kv_budget_mb"]
+__all__ = ["main", "build_service", "server_config", "parse_args", "kv_budget_mb"]
 
 DTYPES = ("float32", "bfloat16", "float16")
 ENGINES = ("embedded", "sglang", "llamacpp")
@@ -72,6 +72,31 @@ def _server_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
 
 
+def _limit_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("limits (bounded work before admission, fair admission per API key)")
+    group.add_argument("--max-body-mb", type=float, default=8.0, help="request body limit, on the bytes read")
+    group.add_argument("--max-messages", type=int, default=2048, help="messages a request may hold")
+    group.add_argument(
+        "--render-timeout", type=float, default=10.0, help="seconds a request's chat template rendering may take"
+    )
+    group.add_argument(
+        "--max-concurrent-per-key", type=int, default=64, help="requests one API key may have in flight (more wait)"
+    )
+    group.add_argument(
+        "--kv-share-per-key", type=float, default=0.5,
+        help="fraction of the KV pool one key's requests in flight may reserve (less when more keys are active; "
+        "ignored without API keys)",
+    )  # fmt: skip
+    group.add_argument(
+        "--admission-timeout", type=float, default=30.0,
+        help="seconds a request waits for its key's share before a 429 with Retry-After",
+    )  # fmt: skip
+    group.add_argument(
+        "--stream-stall-timeout", type=float, default=60.0,
+        help="seconds a stream whose client stopped reading stays paused before it is ended (tokens kept)",
+    )  # fmt: skip
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (``--help`` shows every default)."""
     parser = argparse.ArgumentParser(
@@ -81,6 +106,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     _model_args(parser)
     _server_args(parser)
+    _limit_args(parser)
     return _parse_engine_args(parser, sys.argv[1:] if argv is None else list(argv))
 
 
@@ -133,12 +159,38 @@ def swap_space_gb(args: argparse.Namespace) -> float:
     return float(args.swap_space)
 
 
+def server_config(args: argparse.Namespace) -> Any:
+    """The service's settings and limits from the flags (``ValueError`` for a bad one)."""
+    from leyline_server.api.config import ServerConfig
+
+    keys = set(args.api_key) | {k.strip() for k in os.environ.get("LEYLINE_API_KEYS", "").split(",") if k.strip()}
+    return ServerConfig(
+        model_name=args.model,
+        served_model_names=tuple(args.served_model_name or ()),
+        api_keys=frozenset(keys),
+        isolate_keys=args.isolate_keys,
+        auto_splice=args.auto_splice,
+        max_context_tokens=args.context_length,
+        max_sessions=args.max_sessions,
+        max_sessions_per_key=args.max_sessions_per_key,
+        session_ttl_s=args.session_ttl,
+        max_body_bytes=int(args.max_body_mb * 2**20),
+        max_messages=args.max_messages,
+        render_timeout_s=args.render_timeout,
+        max_concurrent_per_key=args.max_concurrent_per_key,
+        kv_share_per_key=args.kv_share_per_key,
+        admission_timeout_s=args.admission_timeout,
+        stream_stall_timeout_s=args.stream_stall_timeout,
+    )
+
+
 def build_service(args: argparse.Namespace) -> Any:
-    """Build the engine (:func:`~leyline_server.engines.factory.build_engine`) and wrap it in a service."""
-    from leyline_server.api.service import LeylineService, ServerConfig
+    """Check the limits, build the engine (:func:`~leyline_server.engines.factory.build_engine`), wrap both."""
+    from leyline_server.api.service import LeylineService
     from leyline_server.engines.factory import build_engine
 
-    names = tuple(args.served_model_name or ())
+    config = server_config(args)  # before the model loads: a bad flag fails at once
+    names = config.served_model_names
     engine, tokenizer = build_engine(
         args.engine,
         args.model,
@@ -150,18 +202,6 @@ def build_service(args: argparse.Namespace) -> Any:
         engine_args=getattr(args, "engine_args", ()),
         prefix_cache=not args.disable_prefix_cache,
         swap_space_gb=swap_space_gb(args),
-    )
-    keys = set(args.api_key) | {k.strip() for k in os.environ.get("LEYLINE_API_KEYS", "").split(",") if k.strip()}
-    config = ServerConfig(
-        model_name=args.model,
-        served_model_names=names,
-        api_keys=frozenset(keys),
-        isolate_keys=args.isolate_keys,
-        auto_splice=args.auto_splice,
-        max_context_tokens=args.context_length,
-        max_sessions=args.max_sessions,
-        max_sessions_per_key=args.max_sessions_per_key,
-        session_ttl_s=args.session_ttl,
     )
     return LeylineService(engine, tokenizer, config)
 

@@ -22,9 +22,9 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from leyline_sdk.directives import digest
-from leyline_sdk.templates import Transcript
 from leyline_server.engines.base import CacheScope, Handle
 
 __all__ = ["Session", "SessionStore"]
@@ -42,11 +42,8 @@ class Session:
     last_used: float = 0.0
     users: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    # auto-splice (plain clients): the request that produced the base, the one being served, and
-    # who made each directive the server derived for it ("template" or "client")
-    transcript: Transcript | None = None
-    incoming: Transcript | None = None
-    auto_sources: list[str] = field(default_factory=list)
+    # auto-splice's own record of a plain client's conversation (owned by api.autosplice, opaque here)
+    auto: Any = None
 
     @property
     def tokens(self) -> list[int]:
@@ -79,6 +76,7 @@ class SessionStore:
         self.max_per_key = max_per_key
         self._clock = clock
         self.dropped = 0
+        self.on_drop: Callable[[Session], None] | None = None  # told of every session dropped
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -87,6 +85,8 @@ class SessionStore:
         """Forget ``session`` and release its handle (its KV becomes evictable)."""
         if self._sessions.pop(session.id, None) is not None:
             self.dropped += 1
+            if self.on_drop is not None:
+                self.on_drop(session)
         if session.handle is not None:
             handle, session.handle = session.handle, None
             self._release(handle)

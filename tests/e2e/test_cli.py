@@ -85,7 +85,9 @@ def test_cli_help_shows_familiar_flags_and_defaults():
     )  # fmt: skip
     assert out.returncode == 0
     for flag in ("--model-path", "--served-model-name", "--context-length", "--mem-fraction-static", "--engine",
-                 "--max-sessions-per-key", "--session-ttl", "--isolate-keys"):  # fmt: skip
+                 "--max-sessions-per-key", "--session-ttl", "--isolate-keys", "--max-body-mb", "--max-messages",
+                 "--render-timeout", "--max-concurrent-per-key", "--kv-share-per-key", "--admission-timeout",
+                 "--stream-stall-timeout"):  # fmt: skip
         assert flag in out.stdout
     assert "(default: 256.0)" in out.stdout and "(default: 3600.0)" in out.stdout
 
@@ -103,6 +105,13 @@ def test_cli_refuses_unavailable_engine_and_unknown_model():
         timeout=120,
     )
     assert out.returncode == 2 and "neither a preset" in out.stderr
+    out = subprocess.run(
+        [sys.executable, "-m", "leyline_server.cli", "--kv-share-per-key", "1.5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and "kv_share_per_key must lie in (0, 1]" in out.stderr
 
 
 def test_sigterm_during_a_stream_ends_it_and_exits_cleanly():

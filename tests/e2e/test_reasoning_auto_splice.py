@@ -11,8 +11,10 @@ import openai
 
 from benchmarks.traces import REASONING_TEMPLATE, TOOLS, messages_at, reasoning_agent_trace
 from leyline_sdk.directives import apply
+from leyline_sdk.rendering import normalize_messages
 from leyline_sdk.templates import Transcript
-from leyline_server.api.splicing import auto_splice
+from leyline_server.api.autosplice import AutoTurn
+from leyline_server.api.render import message_digests
 from tests.e2e.server_helpers import make_service, running_server
 
 
@@ -45,23 +47,26 @@ async def test_a_plain_client_on_a_reasoning_template_is_spliced_not_reprefilled
         assert prefilled[(True, t)] * 3 < prefilled[(False, t)], prefilled
 
 
-def test_the_server_tells_the_clients_edits_from_the_templates():
+async def test_the_server_explains_the_templates_edits_and_no_other_conversation():
     service = reasoning_service()
     chat = service.chat
     steps = reasoning_agent_trace(turns=11, output_lines=12)
     before = messages_at(steps, 9)
     old = chat.render(before, tools=TOOLS)
     base = old.tokens + chat.encode("noise the model said<|im_end|>")[0]
+    session = service.sessions.open(None, None)
+    session.handle = await service.engine.open(base, session.scope)
+    digest = message_digests(normalize_messages(before), TOOLS)[-1]
+    service.auto.commit(session, AutoTurn(old.tokens, Transcript(before, TOOLS, old), None, digest))
+    turn = await service.auto.prepare(None, messages_at(steps, 10), TOOLS)
+    assert turn is not None and turn.session is session  # its own previous turn, extended
+    request = await service.auto.splice_request(session, turn)
+    assert request is not None
+    result = apply(base, request.directives)
+    assert turn.tokens[: len(result)] == result  # the server's own render is the oracle
+    assert set(turn.sources) == {"template"} and len(turn.sources) == len(request.directives)
     edited = messages_at(steps, 10)
     edited[3] = {**edited[3], "content": "[evicted]"}  # the client stubbed an old tool output itself
-    prompt = chat.render(edited, tools=TOOLS)
-    session = service.sessions.open(None, None)
-    for incoming, sources in ((Transcript(edited, TOOLS, prompt), {"template", "client"}), (None, {"client"})):
-        session.transcript, session.incoming = Transcript(before, TOOLS, old), incoming
-        request = auto_splice(service, session, base, prompt.tokens)
-        assert request is not None
-        result = apply(base, request.directives)
-        assert prompt.tokens[: len(result)] == result  # the server's own render is the oracle
-        assert set(session.auto_sources) == sources and len(session.auto_sources) == len(request.directives)
-        assert session.transcript is incoming and session.incoming is None  # this request is the next one's base
-    assert auto_splice(service, session, prompt.tokens[:50], prompt.tokens) is None  # a plain extension
+    other = await service.auto.prepare(None, edited, TOOLS)
+    assert other is not None and other.session is None  # not provably this conversation: a new session
+    await service.shutdown()

@@ -222,7 +222,7 @@ async def test_metrics_count_splices_and_requests(server):
     assert "leyline_request_seconds_bucket" in text
 
 
-async def test_auto_splice_for_clients_without_directives():
+async def test_auto_splice_continues_a_plain_clients_own_conversation_only():
     service = make_service(auto_splice=True)
     messages = [
         {"role": "user", "content": "read"},
@@ -232,17 +232,18 @@ async def test_auto_splice_for_clients_without_directives():
     with running_server(service) as url:
         client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
         first = await client.chat.completions.create(model="tiny-mla", messages=messages, max_tokens=2)
-        edited = [
-            messages[0],
-            {**messages[1], "content": "[evicted]"},
-            messages[2],
-            {"role": "user", "content": "and then"},
-        ]
-        second = await client.chat.completions.create(model="tiny-mla", messages=edited, max_tokens=2)
-    ext = second.leyline
-    assert first.leyline["session_id"] == ext["session_id"]  # found by its longest prefix
-    assert ext["auto_splice"] and ext["applied"] and ext["rotated_tokens"] > 0
-    assert second.usage.prompt_tokens_details.cached_tokens == ext["reused_tokens"] + ext["rotated_tokens"]
+        reply = {"role": "assistant", "content": first.choices[0].message.content or ""}
+        more = [*messages, reply, {"role": "user", "content": "and then"}]
+        second = await client.chat.completions.create(model="tiny-mla", messages=more, max_tokens=2)
+        edited = [messages[0], {**messages[1], "content": "[evicted]"}, messages[2], {"role": "user", "content": "x"}]
+        third = await client.chat.completions.create(model="tiny-mla", messages=edited, max_tokens=2)
+    assert second.leyline["session_id"] == first.leyline["session_id"]  # its own previous turn, extended
+    assert second.leyline["approximate_tokens"] == 0 or second.leyline["auto_splice"]
+    # an edit of an earlier message cannot be told from another conversation: a new session, exact
+    ext = third.leyline
+    assert ext["session_id"] not in (first.leyline["session_id"], None)
+    assert not ext["auto_splice"] and ext["approximate_tokens"] == 0 and ext["rotated_tokens"] == 0
+    assert third.usage.prompt_tokens_details.cached_tokens == ext["reused_tokens"] > 0  # the exact prefix
 
 
 async def test_a_pool_full_of_idle_sessions_makes_room_instead_of_failing():

@@ -146,6 +146,8 @@ def _provoke(code):
         eng.rotation_budget = 0
     elif code is FallbackCode.CANARY_FAILED:
         eng = with_spec(eng, eng.spec.with_layout("half_split"))  # V2 caches interleaved: a wrong layout
+    elif code is FallbackCode.CONTEXT_LENGTH:
+        directives = [Directive(start=10, end=10, replacement=[5] * eng.info.max_context_tokens)]
     elif code is FallbackCode.CAPACITY:
         # room for 100 tokens: the pinned base (80) leaves 20, the splice needs 35 rotated + 2;
         # the forget fallback may evict the old branch and fits

@@ -1,31 +1,26 @@
-"""The ASGI app: routers, the request middleware (limits, request ids, metrics, errors), system routes.
+"""The ASGI app: routers, the guard in front of them (:mod:`.guard`), system routes.
 
 Routes: ``POST /v1/chat/completions`` (:mod:`chat_routes`), ``/v1/leyline/*``
-(:mod:`leyline_routes`), ``GET /v1/models``, ``GET /health``, ``GET /metrics``. Every error,
-expected or not, is answered in OpenAI's JSON shape with an ``x-request-id`` header; an
-unexpected one is logged with that id and the server keeps serving.
+(:mod:`leyline_routes`, :mod:`blocks_routes`), ``GET /v1/models``, ``GET /health``,
+``GET /metrics``. Every error, expected or not, is answered in OpenAI's JSON shape with an
+``x-request-id`` header; an unexpected one is logged with that id and the server keeps serving.
 """
 
 from __future__ import annotations
 
-import logging
-import secrets
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI, Response
 
 from leyline_server.api import blocks_routes, chat_routes, leyline_routes
 from leyline_server.api.deps import Owner, Service
-from leyline_server.api.errors import error_body, install_error_handlers
+from leyline_server.api.errors import install_error_handlers
+from leyline_server.api.guard import Guard
 from leyline_server.api.service import LeylineService
 
 __all__ = ["create_app"]
-
-log = logging.getLogger("leyline.api")
 
 
 def _system_routes(app: FastAPI) -> None:
@@ -43,6 +38,8 @@ def _system_routes(app: FastAPI) -> None:
     async def prometheus(service: Service) -> Response:
         service.metrics.sessions.set(len(service.sessions))
         service.metrics.sessions_dropped.set(service.sessions.dropped)
+        service.metrics.kv_reserved.set(service.admission.reserved)
+        service.metrics.admission_waiting.set(service.admission.waiting)
         return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
@@ -60,32 +57,6 @@ def _system_routes(app: FastAPI) -> None:
         return {"object": "list", "data": data}
 
 
-def _middleware(app: FastAPI, service: LeylineService) -> None:
-    @app.middleware("http")
-    async def guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        started = time.perf_counter()
-        request_id = "req-" + secrets.token_hex(8)
-        length = request.headers.get("content-length")
-        limit = service.config.max_body_bytes
-        if length is not None and length.isdigit() and int(length) > limit:
-            response: Response = JSONResponse(
-                error_body(413, "body_too_large", f"request body over {limit} bytes"), status_code=413
-            )
-        else:
-            try:
-                response = await call_next(request)
-            except Exception:  # a bug, not the client's fault: say so in OpenAI's shape, keep serving
-                log.exception("request %s %s %s failed", request_id, request.method, request.url.path)
-                message = f"internal server error (request id {request_id})"
-                response = JSONResponse(error_body(500, "internal_error", message), status_code=500)
-        response.headers["x-request-id"] = request_id
-        route = request.scope.get("route")
-        path = getattr(route, "path", "unmatched")
-        service.metrics.requests.labels(path, str(response.status_code)).inc()
-        service.metrics.latency.labels(path).observe(time.perf_counter() - started)
-        return response
-
-
 def create_app(service: LeylineService) -> FastAPI:
     """The ASGI app serving ``service``."""
 
@@ -97,7 +68,7 @@ def create_app(service: LeylineService) -> FastAPI:
     app = FastAPI(title="Leyline", version="0.2.0", lifespan=lifespan)
     app.state.service = service
     install_error_handlers(app)
-    _middleware(app, service)
+    app.add_middleware(Guard, config=service.config, metrics=service.metrics)
     _system_routes(app)
     app.include_router(chat_routes.router)
     app.include_router(leyline_routes.router)

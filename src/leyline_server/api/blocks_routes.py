@@ -26,13 +26,12 @@ async def create_block(body: BlockCreateRequest, key: Owner, service: Service) -
     without the template's preamble) once, and keep them as a block."""
     if (body.messages is None) == (body.tokens is None):
         raise APIError(400, "invalid_request", "give exactly one of 'messages' and 'tokens'")
-    if body.tokens is not None:
-        tokens = list(body.tokens)
-    else:
-        rendered = service.render(body.messages or [], body.tools, False)
-        spans = rendered.message_spans
-        tokens = rendered.tokens[spans[0].start : spans[-1].end]
-    return _info(await service.open_block(key, tokens))
+    async with service.admission.slot(key) as ticket:
+        if body.tokens is not None:
+            tokens = list(body.tokens)
+        else:
+            tokens = await service.render.block_tokens(key, body.messages or [], body.tools)
+        return _info(await service.open_block(key, tokens, ticket))
 
 
 @router.get("/{block_id}")

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ServerConfig"]
+__all__ = ["ServerConfig", "CHARS_PER_TOKEN"]
+
+CHARS_PER_TOKEN = 32  # a rendered prompt may hold at most this many characters per token of context
 
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """Server settings and limits (the CLI's flags)."""
+    """Server settings and limits (the CLI's flags).
+
+    Admission (see :mod:`leyline_server.api.admission`): ``max_concurrent_per_key`` requests in
+    flight per key, their KV within ``kv_share_per_key`` of the pool (ignored without API keys:
+    one tenant), a wait of at most ``admission_timeout_s`` before a 429, and streams whose client
+    stops reading ended after ``stream_stall_timeout_s``. Rendering (see
+    :mod:`leyline_server.api.render`): at most ``max_messages`` messages, ``CHARS_PER_TOKEN``
+    characters per token of context, ``render_timeout_s`` seconds.
+    """
 
     model_name: str
     served_model_names: tuple[str, ...] = ()
@@ -25,6 +35,30 @@ class ServerConfig:
     max_blocks_per_key: int = 256
     session_ttl_s: float = 3600.0
     default_max_tokens: int | None = None
+    max_messages: int = 2048
+    render_timeout_s: float = 10.0
+    render_threads: int = 4
+    max_concurrent_per_key: int = 64
+    kv_share_per_key: float = 0.5
+    admission_timeout_s: float = 30.0
+    stream_stall_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        positive = {
+            "max_body_bytes": self.max_body_bytes,
+            "max_messages": self.max_messages,
+            "render_timeout_s": self.render_timeout_s,
+            "render_threads": self.render_threads,
+            "max_concurrent_per_key": self.max_concurrent_per_key,
+            "stream_stall_timeout_s": self.stream_stall_timeout_s,
+        }
+        for name, value in positive.items():
+            if value <= 0:
+                raise ValueError(f"{name} must be positive")
+        if not 0 < self.kv_share_per_key <= 1:
+            raise ValueError("kv_share_per_key must lie in (0, 1]")
+        if self.admission_timeout_s < 0:
+            raise ValueError("admission_timeout_s must be 0 or more")
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -35,3 +69,8 @@ class ServerConfig:
     def isolated(self) -> bool:
         """Whether each API key gets its own prefix cache."""
         return bool(self.api_keys) if self.isolate_keys is None else self.isolate_keys
+
+    @property
+    def key_share(self) -> float:
+        """The fraction of the KV pool one key's requests in flight may hold (1 without API keys)."""
+        return self.kv_share_per_key if self.api_keys else 1.0

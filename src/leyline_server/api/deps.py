@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import secrets
 from typing import Annotated
 
 from fastapi import Depends, Request
 
 from leyline_server.api.errors import APIError
+from leyline_server.api.guard import owner_of
 from leyline_server.api.service import LeylineService
 
 __all__ = ["get_service", "owner", "Owner", "Service"]
@@ -20,14 +20,10 @@ def get_service(request: Request) -> LeylineService:
 
 
 async def owner(request: Request) -> str | None:
-    """The caller's API key (``None`` when the server has no keys); 401 when it is wrong."""
-    service = get_service(request)
-    keys = service.config.api_keys
-    if not keys:
-        return None
-    header = request.headers.get("authorization", "")
-    key = header[7:].strip() if header.lower().startswith("bearer ") else ""
-    if not any(secrets.compare_digest(key, k) for k in keys):
+    """The caller's API key as :class:`~leyline_server.api.guard.Guard` authenticated it (``None``
+    when the server has no keys); 401 if it did not (it answers before the body is read)."""
+    authenticated, key = owner_of(request.scope)
+    if not authenticated:
         raise APIError(401, "invalid_api_key", "missing or invalid API key (Authorization: Bearer KEY)")
     return key
 

@@ -2,7 +2,8 @@
 
 Status codes: 400 malformed request or unsupported parameter, 401 authentication, 404 unknown
 model or session, 409 base mismatch (strict), 413 body too large, 422 directive not applicable
-(strict), 500 a server bug (with a request id), 503 no KV capacity.
+(strict), 429 the key is at its share (with ``Retry-After``), 500 a server bug (with a request
+id), 503 no KV capacity.
 """
 
 from __future__ import annotations
@@ -33,9 +34,12 @@ _TYPES = {
 class APIError(Exception):
     """An error answered to the client with ``status`` and OpenAI's error body."""
 
-    def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
+    def __init__(
+        self, status: int, code: str, message: str, param: str | None = None, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.param = status, code, message, param
+        self.headers = headers or {}
 
 
 def error_body(status: int, code: str, message: str, param: str | None = None) -> dict[str, Any]:
@@ -65,7 +69,8 @@ def install_error_handlers(app: Any) -> None:
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return JSONResponse(error_body(exc.status, exc.code, exc.message, exc.param), status_code=exc.status)
+        body = error_body(exc.status, exc.code, exc.message, exc.param)
+        return JSONResponse(body, status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

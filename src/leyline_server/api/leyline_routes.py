@@ -27,9 +27,10 @@ def _info(session: Session, with_tokens: bool) -> dict[str, Any]:
 
 
 @router.post("/tokenize")
-async def tokenize(body: TokenizeRequest, _: Owner, service: Service) -> dict[str, Any]:
+async def tokenize(body: TokenizeRequest, key: Owner, service: Service) -> dict[str, Any]:
     """Messages (+ tools) -> token ids, each message's span, and whether the template is prefix-stable."""
-    rendered = service.render(body.messages, body.tools, body.add_generation_prompt)
+    async with service.admission.slot(key):
+        rendered, _ = await service.render.spans(key, body.messages, body.tools, body.add_generation_prompt)
     return {
         "tokens": rendered.tokens,
         "message_spans": [{"start": s.start, "end": s.end} for s in rendered.message_spans],
@@ -43,8 +44,12 @@ async def create_session(body: SessionCreateRequest, key: Owner, service: Servic
     """Open a session from ``messages`` or ``tokens`` (prefilled now)."""
     if (body.messages is None) == (body.tokens is None):
         raise APIError(400, "invalid_request", "give exactly one of 'messages' and 'tokens'")
-    tokens = body.tokens if body.tokens is not None else service.render(body.messages or [], body.tools, False).tokens
-    return _info(await service.open_session(key, tokens), with_tokens=True)
+    async with service.admission.slot(key) as ticket:
+        if body.tokens is not None:
+            tokens = body.tokens
+        else:
+            tokens = await service.render.tokens(key, body.messages or [], body.tools, False)
+        return _info(await service.open_session(key, tokens, ticket), with_tokens=True)
 
 
 @router.get("/sessions/{session_id}")
@@ -71,7 +76,8 @@ async def directives(
     service: Service,
 ) -> dict[str, Any]:
     """Splice a session without generating (e.g. while a tool runs)."""
-    session, report = await service.splice_session(session_id, key, body.directives, body.base, body.strict)
+    async with service.admission.slot(key) as ticket:
+        session, report = await service.splice_session(session_id, key, body.directives, body.base, body.strict, ticket)
     result = DirectivesResult(
         id=session.id,
         base=BaseRef(length=len(session.tokens), digest=session.digest),

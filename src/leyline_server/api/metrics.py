@@ -8,7 +8,7 @@ __all__ = ["Metrics"]
 
 
 class Metrics:
-    """Requests, splices by outcome and fallback code, token counts, latencies."""
+    """Requests, splices by outcome and fallback code, token counts, admission, latencies."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -20,6 +20,14 @@ class Metrics:
         self.sessions = Gauge("leyline_sessions", "Live sessions", registry=self.registry)
         self.sessions_dropped = Gauge(
             "leyline_sessions_dropped", "Sessions dropped (LRU, TTL or deleted) since start", registry=self.registry
+        )
+        self.kv_reserved = Gauge(
+            "leyline_kv_reserved_tokens", "KV tokens reserved by requests in flight", registry=self.registry
+        )
+        self.admission_waiting = Gauge(
+            "leyline_admission_waiting",
+            "Requests waiting for admission (a slot or their key's share)",
+            registry=self.registry,
         )
         self.latency = Histogram(
             "leyline_request_seconds",

@@ -57,7 +57,7 @@ def refuse_unsupported(req: ChatCompletionRequest) -> None:
 def _logit_bias(raw: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
     out: dict[int, float] = {}
     for key, value in (raw or {}).items():
-        if not key.isdigit() or int(key) >= vocab_size:
+        if not (key.isascii() and key.isdigit() and len(key) <= 10) or int(key) >= vocab_size:
             raise APIError(400, "invalid_request", f"logit_bias key {key!r} is not a token id", "logit_bias")
         if not -100 <= value <= 100:
             raise APIError(400, "invalid_request", "logit_bias values must lie in [-100, 100]", "logit_bias")

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from leyline_sdk.directives import Directive
+from leyline_sdk.directives import Directive, Index
 from leyline_sdk.wire import BaseRef, LeylineRequest
 
 __all__ = [
@@ -51,7 +51,7 @@ class ChatCompletionRequest(BaseModel):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)  # int64 or uint64, as samplers take
     stop: str | list[str] | None = None
     n: int = Field(default=1, ge=1)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
@@ -92,7 +92,7 @@ class SessionCreateRequest(BaseModel):
 
     messages: list[Message] | None = None
     tools: list[dict[str, Any]] | None = None
-    tokens: list[int] | None = None
+    tokens: list[Index] | None = None  # token ids (JSON booleans are refused, not read as 0 and 1)
 
 
 class BlockCreateRequest(BaseModel):
@@ -100,7 +100,7 @@ class BlockCreateRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    tokens: list[int] | None = None
+    tokens: list[Index] | None = None
     messages: list[Message] | None = Field(default=None, min_length=1)
     tools: list[dict[str, Any]] | None = None
 

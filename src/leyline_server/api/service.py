@@ -1,34 +1,52 @@
 """The server's behaviour behind the routes: sessions, splices, turns, limits. No HTTP here.
 
-Threading: the event loop owns the session store; every touch of the KV cache happens inside
-the engine (:class:`~leyline_server.engines.base.Engine`), which runs its own jobs. A request on
-a session holds that session (:meth:`SessionStore.use`) from the splice to the end of decoding.
+Threading: the event loop owns the session store and admission; chat templates render on the
+render threads (:mod:`.render`); every touch of the KV cache happens inside the engine
+(:class:`~leyline_server.engines.base.Engine`), which runs its own jobs. A request on a session
+holds that session (:meth:`SessionStore.use`) from the splice to the end of decoding.
+
+Every request's work is bounded before the engine allocates KV: the routes hold an admission
+ticket (:mod:`.admission`); prompts, token lists and directive results are checked against the
+context (a directive whose result would not fit is named), and the KV a request may hold is
+reserved on the ticket first (:mod:`.room`, which sheds idle sessions to keep it there and retries
+every kind of allocation alike when the pool is full).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
 from leyline_sdk.directives import Directive, digest
-from leyline_sdk.errors import RenderError
-from leyline_sdk.rendering import HFChatTokenizer, RenderedConversation
-from leyline_sdk.templates import Transcript
 from leyline_sdk.wire import BaseRef, FallbackInfo, LeylineRequest, LeylineResult
+from leyline_server.api.admission import Admission, Ticket
+from leyline_server.api.autosplice import AutoSplicer, AutoTurn
 from leyline_server.api.config import ServerConfig
 from leyline_server.api.errors import APIError
+from leyline_server.api.limits import check_directives, check_tokens, overflow
 from leyline_server.api.metrics import Metrics
-from leyline_server.api.schemas import Message
-from leyline_server.api.splicing import resolve_session, splice_request
+from leyline_server.api.render import RenderService
+from leyline_server.api.room import Room
+from leyline_server.api.splicing import resolve_session, result_length, splice_request
 from leyline_server.blocks import Block, BlockStore
 from leyline_server.engines.base import CacheScope, CapacityError, Engine, Handle, SpliceRequest, Turn
 from leyline_server.sessions import Session, SessionStore
 from leyline_server.splice import SpliceError, SpliceReport, strict_status
+from leyline_server.splice.report import Fallback, FallbackCode
 
-__all__ = ["ServerConfig", "LeylineService", "ChatTurn"]
+__all__ = ["ServerConfig", "LeylineService", "ChatTurn", "Prompt"]
+
+T = TypeVar("T")
+
+
+class Prompt(NamedTuple):
+    """A chat request's prompt tokens and, for a plain client under auto-splice, its conversation."""
+
+    tokens: list[int]
+    auto: AutoTurn | None = None
 
 
 @dataclass
@@ -38,6 +56,7 @@ class ChatTurn:
     turn: Turn
     session: Session | None
     fallback: FallbackInfo | None = None
+    auto: AutoTurn | None = None
     auto_splice: bool = False
 
 
@@ -47,18 +66,28 @@ class LeylineService:
     def __init__(self, engine: Engine, tokenizer: Any, config: ServerConfig) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
-        self.chat = HFChatTokenizer(tokenizer)
         self.config = config
         self.metrics = Metrics()
-        self.blocks = BlockStore(release=engine.release, max_per_key=config.max_blocks_per_key)
+        self.render = RenderService(tokenizer, config, self.context_tokens)
+        self.chat = self.render.chat
+        capacity = engine.info.kv_capacity_tokens
+        self.blocks = BlockStore(engine.release, config.max_blocks_per_key, max_tokens_per_key=max(capacity // 4, 1))
         self.sessions = SessionStore(
             release=engine.release,
             ttl_s=config.session_ttl_s,
             max_sessions=config.max_sessions,
             max_per_key=config.max_sessions_per_key,
         )
+        self.auto = AutoSplicer(self.sessions, self.render)
+        self.admission = Admission(
+            capacity,
+            config.max_concurrent_per_key,
+            config.key_share,
+            config.admission_timeout_s,
+        )
+        self.room = Room(engine, self.sessions, self.blocks, self.admission)
 
-    # -- helpers ----------------------------------------------------------------------------------
+    # -- checks -----------------------------------------------------------------------------------
     @property
     def context_tokens(self) -> int:
         """The context limit: the flag, the model's positions and the KV pool, whichever is least."""
@@ -78,38 +107,6 @@ class LeylineService:
                 404, "model_not_found", f"the model {name!r} does not exist; served: {list(self.config.names)}", "model"
             )
 
-    def render(
-        self, messages: list[Message], tools: list[dict[str, Any]] | None, generation: bool
-    ) -> RenderedConversation:
-        """Render with the model's template; template failures are the client's (400)."""
-        plain = [m.model_dump(exclude_none=True) for m in messages]
-        try:
-            return self.chat.render(plain, tools=tools, add_generation_prompt=generation)
-        except RenderError as exc:
-            raise APIError(400, "invalid_messages", str(exc), "messages") from exc
-
-    def check_directives(self, directives: list[Directive], param: str) -> None:
-        """Enforce the per-request directive limits."""
-        if len(directives) > self.config.max_directives:
-            raise APIError(400, "too_many_directives", f"at most {self.config.max_directives} directives", param)
-        for i, d in enumerate(directives):
-            if len(d.replacement) > self.config.max_replacement_tokens:
-                raise APIError(
-                    400,
-                    "replacement_too_long",
-                    f"directive {i}: replacement longer than {self.config.max_replacement_tokens} tokens",
-                    f"{param}.{i}.replacement",
-                )
-
-    def check_tokens(self, tokens: list[int], param: str) -> None:
-        """Token ids must exist in the vocabulary, and fit the context."""
-        vocab = self.engine.info.vocab_size
-        bad = [t for t in tokens if t < 0 or t >= vocab]
-        if bad:
-            raise APIError(400, "token_invalid", f"token {bad[0]} is outside the vocabulary", param)
-        if len(tokens) > self.context_tokens:
-            raise APIError(400, "context_length_exceeded", f"more than {self.context_tokens} tokens", param)
-
     def _record(self, report: SpliceReport | None) -> None:
         if report is None:
             return
@@ -122,22 +119,96 @@ class LeylineService:
         return APIError(strict_status(exc.code), exc.code.value, exc.message, param)
 
     # -- chat ---------------------------------------------------------------------------------------
-    def shed(self, tokens: int, keep: Session | None = None) -> bool:
-        """Drop least recently used idle sessions holding at least ``tokens`` cached tokens.
+    async def prompt(
+        self, owner: str | None, messages: Sequence[Any], tools: list[Any] | None, ext: LeylineRequest | None
+    ) -> Prompt:
+        """The request's prompt tokens (rendered off the event loop, bounded; see :mod:`.render`)."""
+        if ext is None and self.config.auto_splice:
+            auto = await self.auto.prepare(owner, messages, tools)
+            if auto is not None:
+                return Prompt(auto.tokens, auto)
+        return Prompt(await self.render.tokens(owner, messages, tools, True))
 
-        The KV pool is full of pinned sessions: they are cache handles, so the oldest make room
-        (a later request on one falls back to ``base_mismatch``). ``False`` if none could go.
-        """
-        freed, dropped = 0, False
-        for session in self.sessions.all():
-            if freed >= tokens:
-                break
-            if session is keep or session.users or session.handle is None:
-                continue
-            freed += session.handle.cached
-            self.sessions.drop(session)
-            dropped = True
-        return dropped
+    @asynccontextmanager
+    async def chat_turn(
+        self, ext: LeylineRequest | None, owner: str | None, prompt: Prompt, ticket: Ticket, max_tokens: int
+    ) -> AsyncIterator[ChatTurn]:
+        """Resolve the session, splice if asked, reserve the KV, prefill; yield the turn; keep or
+        release its handle. Hold the context for as long as the turn decodes."""
+        tokens, auto = prompt.tokens, prompt.auto
+        if ext is not None:
+            check_directives(self.config, ext.directives, "leyline.directives")
+        await self.room.reserve(ticket, len(tokens) + max_tokens)  # a session's old base: below
+        if ext is not None:
+            session, fallback = resolve_session(self.sessions, self.salt(owner), ext, owner)
+        elif auto is not None:
+            session, fallback = auto.session or self.sessions.open(owner, self.salt(owner)), None
+        else:
+            chat = await self._start_with_room(None, tokens, CacheScope(self.salt(owner)), None, None)
+            try:
+                yield chat
+            finally:
+                self.engine.release(chat.turn.handle)
+            return
+        async with AsyncExitStack() as held:
+            named = held.enter_context(self.blocks.using((d.block for d in ext.directives) if ext else (), owner))
+            await held.enter_async_context(self.sessions.use(session))
+            if auto is not None and auto.session is not None and not self.auto.continues(session, auto):
+                await held.aclose()  # another request moved that conversation on: a new session
+                auto.session, session = None, self.sessions.open(owner, self.salt(owner))
+                await held.enter_async_context(self.sessions.use(session))
+            chat = await self._session_turn(ext, owner, session, prompt, ticket, max_tokens, fallback, named)
+            try:
+                yield chat
+            finally:
+                session.handle = chat.turn.handle
+
+    async def _session_turn(
+        self,
+        ext: LeylineRequest | None,
+        owner: str | None,
+        session: Session,
+        prompt: Prompt,
+        ticket: Ticket,
+        max_tokens: int,
+        fallback: FallbackInfo | None,
+        named: Mapping[str, Handle],
+    ) -> ChatTurn:
+        tokens, auto = prompt.tokens, prompt.auto
+        request, base_fallback = None, None
+        if auto is not None:
+            request = await self.auto.splice_request(session, auto) if session.handle is not None else None
+        else:
+            assert ext is not None
+            self.auto.forget(session)  # a client's own splices: no longer a plain client's conversation
+            if session.handle is not None:
+                request, base_fallback = splice_request(named, ext, session, tokens)
+            elif ext.directives and fallback is None:
+                message = "a new session has no base to apply directives to"
+                if ext.strict:
+                    raise APIError(409, "base_mismatch", message, "leyline.directives")
+                base_fallback = FallbackInfo(code="base_mismatch", message=message)
+        base = session.tokens
+        too_long = overflow(len(base), ext.directives, request.blocks, self.context_tokens) if ext and request else None
+        if too_long is not None:
+            raise APIError(400, "context_length_exceeded", too_long[1], f"leyline.directives.{too_long[0]}")
+        if tokens[: len(base)] != base:  # the old base stays pinned until the new one is built
+            await self.room.reserve(ticket, len(base))
+        handle, session.handle = session.handle, None
+        try:
+            chat = await self._start_with_room(session, tokens, session.scope, request, handle)
+        except SpliceError as exc:
+            session.handle = handle  # strict: nothing changed
+            raise self._splice_error(exc, "leyline.directives") from exc
+        except BaseException:
+            self.sessions.drop(session)  # its handle was released by the engine
+            raise
+        session.handle = chat.turn.handle
+        chat.fallback = fallback or base_fallback or chat.fallback
+        if auto is not None:
+            chat.auto, chat.auto_splice = auto, request is not None
+            self.auto.commit(session, auto)
+        return chat
 
     async def _start_with_room(
         self,
@@ -147,70 +218,18 @@ class LeylineService:
         request: SpliceRequest | None,
         handle: Handle | None,
     ) -> ChatTurn:
-        """Start the turn; when the pool is full, shed idle sessions and serve it as a forget."""
-        fallback = None
-        for _ in range(3):
-            try:
-                chat = await self._start(session, prompt, scope, request, handle)
-            except CapacityError as exc:
-                handle, request = None, None  # the engine released the session's handle
-                fallback = FallbackInfo(code="capacity", message=f"KV pool full, idle sessions dropped: {exc}")
-                if not self.shed(len(prompt), keep=session):
-                    raise APIError(503, "capacity", str(exc)) from exc
-                continue
-            chat.fallback = chat.fallback or fallback
+        """Start the turn; when the pool is full, shed idle cache and serve it as a forget."""
+
+        async def attempt(first: bool) -> ChatTurn:
+            if first:
+                return await self._start(session, prompt, scope, request, handle)
+            chat = await self._start(session, prompt, scope, None, None)  # the engine released the handle
+            chat.fallback = chat.fallback or FallbackInfo(
+                code="capacity", message="KV pool full: idle sessions dropped, served as a forget"
+            )
             return chat
-        raise APIError(503, "capacity", "the KV pool stayed full after dropping idle sessions")
 
-    @asynccontextmanager
-    async def chat_turn(
-        self, ext: LeylineRequest | None, owner: str | None, prompt: list[int], transcript: Transcript | None = None
-    ) -> AsyncIterator[ChatTurn]:
-        """Resolve the session, splice if asked, prefill; yield the turn; keep or release its handle.
-
-        Hold the context for as long as the turn decodes (a stream keeps it until it is closed).
-        ``transcript`` (the request's messages and rendering) lets auto-splice tell the client's
-        edits from the template's.
-        """
-        if ext is not None:
-            self.check_directives(ext.directives, "leyline.directives")
-        session, fallback = resolve_session(self, ext, owner, prompt)
-        if session is None:
-            chat = await self._start_with_room(None, prompt, CacheScope(self.salt(owner)), None, None)
-            try:
-                yield chat
-            finally:
-                self.engine.release(chat.turn.handle)
-            return
-        async with self.sessions.use(session):
-            request, base_fallback, auto = (None, None, False)
-            if ext is None:
-                session.incoming = transcript
-            if session.handle is not None:
-                request, base_fallback, auto = splice_request(self, ext, session, prompt)
-            elif ext is not None and ext.directives and fallback is None:
-                message = "a new session has no base to apply directives to"
-                if ext.strict:
-                    raise APIError(409, "base_mismatch", message, "leyline.directives")
-                base_fallback = FallbackInfo(code="base_mismatch", message=message)
-            handle, session.handle = session.handle, None
-            try:
-                chat = await self._start_with_room(session, prompt, session.scope, request, handle)
-            except SpliceError as exc:
-                session.handle = handle  # strict: nothing changed
-                raise self._splice_error(exc, "leyline.directives") from exc
-            except BaseException:
-                self.sessions.drop(session)  # its handle was released by the engine
-                raise
-            chat.fallback = fallback or base_fallback or chat.fallback
-            chat.auto_splice = auto
-            session.handle = chat.turn.handle
-            if session.incoming is not None:  # a new session: this request is the next one's transcript
-                session.transcript, session.incoming = session.incoming, None
-            try:
-                yield chat
-            finally:
-                session.handle = chat.turn.handle
+        return await self.room.retry(attempt, len(prompt), keep=session)
 
     async def _start(
         self,
@@ -234,7 +253,7 @@ class LeylineService:
         reused, rotated, prefilled = turn.counts()
         tokens = turn.prompt + turn.generated
         report = turn.report
-        sources = list(chat.session.auto_sources) if chat.auto_splice and chat.session else []
+        sources = list(chat.auto.sources) if chat.auto_splice and chat.auto else []
         return LeylineResult(
             session_id=chat.session.id if chat.session else None,
             base=BaseRef(length=len(tokens), digest=digest(tokens)),
@@ -252,22 +271,24 @@ class LeylineService:
             template_directives=sources.count("template"),
         )
 
-    # -- sessions -----------------------------------------------------------------------------------
-    async def open_session(self, owner: str | None, tokens: list[int]) -> Session:
+    # -- sessions and blocks ------------------------------------------------------------------------
+    async def open_session(self, owner: str | None, tokens: list[int], ticket: Ticket) -> Session:
         """Prefill ``tokens`` and open a session on them."""
         if not tokens:
             raise APIError(400, "empty_session", "a session needs at least one token", "tokens")
-        self.check_tokens(tokens, "tokens")
+        check_tokens(tokens, self.engine.info.vocab_size, self.context_tokens, "tokens")
+        await self.room.reserve(ticket, len(tokens))
         session = self.sessions.open(owner, self.salt(owner))
         async with self.sessions.use(session):
-            for attempt in range(2):
-                try:
-                    session.handle = await self.engine.open(tokens, session.scope)
-                    break
-                except CapacityError as exc:
-                    if attempt or not self.shed(len(tokens), keep=session):
-                        self.sessions.drop(session)
-                        raise APIError(503, "capacity", str(exc)) from exc
+
+            async def attempt(_: bool) -> Handle:
+                return await self.engine.open(tokens, session.scope)
+
+            try:
+                session.handle = await self.room.retry(attempt, len(tokens), keep=session)
+            except BaseException:
+                self.sessions.drop(session)
+                raise
         return session
 
     def get_session(self, session_id: str, owner: str | None) -> Session:
@@ -278,44 +299,73 @@ class LeylineService:
         return session
 
     async def splice_session(
-        self, session_id: str, owner: str | None, directives: list[Directive], base: BaseRef | None, strict: bool
+        self,
+        session_id: str,
+        owner: str | None,
+        directives: list[Directive],
+        base: BaseRef | None,
+        strict: bool,
+        ticket: Ticket,
     ) -> tuple[Session, SpliceReport]:
-        """Splice a session without generating."""
-        self.check_directives(directives, "directives")
+        """Splice a session without generating; a result longer than the context is not applied
+        (422 when strict), like any other directive that cannot apply."""
+        check_directives(self.config, directives, "directives")
         session = self.get_session(session_id, owner)
         async with self.sessions.use(session):
-            handle, session.handle = session.handle, None
-            if handle is None:
+            if session.handle is None:
                 raise APIError(404, "session_not_found", f"session {session_id!r} holds no cache", "session_id")
-            blocks = self.blocks.resolve((d.block for d in directives), owner)
-            ref = (base.length, base.digest) if base else (None, None)
-            request = SpliceRequest(directives, ref[0], ref[1], strict, blocks=blocks)
-            try:
-                session.handle, report = await self.engine.splice(handle, request)
-            except SpliceError as exc:
-                session.handle = handle
-                raise self._splice_error(exc, "directives") from exc
-            except CapacityError as exc:
-                self.sessions.drop(session)
-                raise APIError(503, "capacity", str(exc)) from exc
+            self.auto.forget(session)
+            with self.blocks.using((d.block for d in directives), owner) as blocks:
+                report = await self._splice_held(session, directives, base, strict, ticket, blocks)
         self._record(report)
         self.metrics.record_tokens(report.reused_tokens, report.rotated_tokens, report.prefilled_tokens, 0)
         return session, report
 
-    async def open_block(self, owner: str | None, tokens: list[int]) -> Block:
+    async def _splice_held(
+        self,
+        session: Session,
+        directives: list[Directive],
+        base: BaseRef | None,
+        strict: bool,
+        ticket: Ticket,
+        blocks: Mapping[str, Handle],
+    ) -> SpliceReport:
+        """The splice of a session the caller holds, with the blocks it names held too."""
+        length = len(session.tokens)
+        too_long = overflow(length, directives, blocks, self.context_tokens)
+        if too_long is not None:
+            i, message = too_long
+            if strict:
+                raise self._splice_error(SpliceError(FallbackCode.CONTEXT_LENGTH, message), f"directives.{i}")
+            return SpliceReport(applied=False, fallback=Fallback(code=FallbackCode.CONTEXT_LENGTH, message=message))
+        await self.room.reserve(ticket, length + (result_length(length, directives, blocks) or 0))
+        handle, session.handle = session.handle, None
+        assert handle is not None
+        ref = (base.length, base.digest) if base else (None, None)
+        request = SpliceRequest(directives, ref[0], ref[1], strict, blocks=blocks)
+        try:
+            session.handle, report = await self.engine.splice(handle, request)
+        except SpliceError as exc:
+            session.handle = handle
+            raise self._splice_error(exc, "directives") from exc
+        except CapacityError as exc:
+            self.sessions.drop(session)
+            raise APIError(503, "capacity", str(exc)) from exc
+        return report
+
+    async def open_block(self, owner: str | None, tokens: list[int], ticket: Ticket) -> Block:
         """Prefill ``tokens`` alone at positions ``[0, n)`` and keep them as a block."""
         if not tokens:
             raise APIError(400, "empty_block", "a block needs at least one token", "tokens")
-        self.check_tokens(tokens, "tokens")
+        check_tokens(tokens, self.engine.info.vocab_size, self.context_tokens, "tokens")
+        await self.room.reserve(ticket, len(tokens))
         block_id = self.blocks.new_id()
         scope = CacheScope(self.salt(owner), f"block:{block_id}")
-        for attempt in range(2):
-            try:
-                return self.blocks.add(block_id, owner, await self.engine.open(tokens, scope))
-            except CapacityError as exc:
-                if attempt or not self.shed(len(tokens)):
-                    raise APIError(503, "capacity", f"no room for the block: {exc}") from exc
-        raise AssertionError("unreachable")
+
+        async def attempt(_: bool) -> Handle:
+            return await self.engine.open(tokens, scope)
+
+        return self.blocks.add(block_id, owner, await self.room.retry(attempt, len(tokens), keep=None))
 
     def get_block(self, block_id: str, owner: str | None) -> Block:
         """The caller's block or 404 (also for another key's block)."""
@@ -325,9 +375,10 @@ class LeylineService:
         return block
 
     async def shutdown(self) -> None:
-        """Release every session and block and stop the engine."""
+        """Release every session and block and stop the engine and the render threads."""
         for session in self.sessions.all():
             self.sessions.drop(session)
         for block in self.blocks.all():
             self.blocks.drop(block)
         await self.engine.close()
+        self.render.close()

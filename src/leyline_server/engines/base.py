@@ -80,6 +80,7 @@ class ModelInfo:
     shiftable: bool
     unshiftable_reason: str | None = None
     engine: str = "embedded"
+    parks_idle: bool = False  # idle pinned sequences leave the pool when it runs short (llama.cpp's parking)
 
 
 @dataclass

@@ -55,6 +55,10 @@ def validate(info: ModelInfo, base: list[int], request: SpliceRequest) -> tuple[
         if bad:
             raise Refused(FallbackCode.TOKEN_INVALID, f"directive {i}: token {bad[0]} >= vocab size {info.vocab_size}")
     new = apply(base, directives)
+    if len(new) > info.max_context_tokens:  # the service refuses these before queuing; never allocate for one
+        raise Refused(
+            FallbackCode.CONTEXT_LENGTH, f"the result is {len(new)} tokens; the context holds {info.max_context_tokens}"
+        )
     prompt = request.prompt
     if prompt is not None and list(prompt[: len(new)]) != new:
         raise Refused(FallbackCode.PROMPT_MISMATCH, "apply(base, directives) is not a prefix of the prompt")

@@ -21,6 +21,7 @@ class FallbackCode(str, Enum):
     DRIFT_BUDGET = "drift_budget"
     CANARY_FAILED = "canary_failed"
     CAPACITY = "capacity"
+    CONTEXT_LENGTH = "context_length_exceeded"
 
 
 class Fallback(BaseModel):

@@ -126,6 +126,7 @@ class LlamaCppEngine:
             else "llama.cpp cannot shift this model's KV cache (llama_memory_can_shift is false: "
             "M-RoPE, recurrent or sliding-window memory): its splices are served as forget",
             engine="llamacpp",
+            parks_idle=park_budget > 0,
         )
 
     @property

@@ -1,0 +1,75 @@
+"""Room in the KV pool: reservations before allocation, idle cache shed when it is needed.
+
+Requests in flight hold reservations (:mod:`.admission`); idle sessions and blocks hold pinned KV
+that nobody is using. :meth:`Room.reserve` takes a reservation and then keeps the invariant
+*idle pinned KV + every reservation fits the pool* by dropping least recently used idle sessions,
+so an admitted request never finds the pool taken by idle cache mid-decode (an engine that parks
+idle sequences out of the pool, llama.cpp, makes that room itself). :meth:`Room.retry` is the one
+"make room and retry" loop for every allocation (a turn, a session, a block).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from leyline_server.api.admission import Admission, Ticket
+from leyline_server.api.errors import APIError
+from leyline_server.blocks import BlockStore
+from leyline_server.engines.base import CapacityError, Engine
+from leyline_server.sessions import Session, SessionStore
+
+__all__ = ["Room"]
+
+T = TypeVar("T")
+
+
+class Room:
+    """Reservations and shedding over one engine's pool; see the module docstring."""
+
+    def __init__(self, engine: Engine, sessions: SessionStore, blocks: BlockStore, admission: Admission) -> None:
+        self.engine, self.sessions, self.blocks, self.admission = engine, sessions, blocks, admission
+
+    def shed(self, tokens: int, keep: Session | None = None) -> bool:
+        """Drop least recently used idle sessions holding at least ``tokens`` cached tokens.
+
+        Sessions are cache handles: the oldest make room (a later request on one falls back to
+        ``base_mismatch``); one in use is never dropped. ``False`` if none could go.
+        """
+        freed, dropped = 0, False
+        for session in self.sessions.all():
+            if freed >= tokens:
+                break
+            if session is keep or session.users or session.handle is None:
+                continue
+            freed += session.handle.cached
+            self.sessions.drop(session)
+            dropped = True
+        return dropped
+
+    async def reserve(self, ticket: Ticket, tokens: int) -> None:
+        """Reserve ``tokens`` of KV for the request, then make sure they are there (idle sessions shed)."""
+        await self.admission.reserve(ticket, tokens)
+        info = self.engine.info
+        if info.parks_idle:
+            return
+        idle = sum(s.handle.cached for s in self.sessions.all() if s.handle is not None and not s.users)
+        pinned = sum(len(b.handle.tokens) for b in self.blocks.all())
+        excess = idle + pinned + self.admission.reserved - info.kv_capacity_tokens
+        if excess > 0:
+            self.shed(excess)
+
+    async def retry(self, attempt: Callable[[bool], Awaitable[T]], tokens: int, keep: Session | None) -> T:
+        """``attempt(True)``; while the pool is full, shed idle sessions and ``attempt(False)`` again.
+
+        Each retry follows a shed that dropped something, so it ends; 503 only when no idle
+        session is left to drop.
+        """
+        first = True
+        while True:
+            try:
+                return await attempt(first)
+            except CapacityError as exc:
+                if not self.shed(tokens, keep=keep):
+                    raise APIError(503, "capacity", f"no room in the KV pool: {exc}") from exc
+            first = False
