@@ -114,9 +114,11 @@ class ServerPool:
 
         name, layers = MODELS[model]
         started = time.monotonic()
+        # SmolLM2 takes ~46 KB a token: 256 MiB hold ~5.8k tokens, a session, a block and a request
+        # at once; one key may reserve the whole pool (the tests use two keys, one at a time)
         service = local_service(
-            name, layers=max(layers, 1), engine=engine, kv_budget_mb=96.0, api_keys=frozenset(KEYS),
-            max_context_tokens=4096, default_max_tokens=16,
+            name, layers=max(layers, 1), engine=engine, kv_budget_mb=256.0, api_keys=frozenset(KEYS),
+            max_context_tokens=4096, default_max_tokens=16, kv_share_per_key=1.0, admission_timeout_s=5.0,
         )  # fmt: skip
         stack = contextlib.ExitStack()
         url = stack.enter_context(serve_in_thread(service))
@@ -134,6 +136,7 @@ class ServerPool:
         name, layers = MODELS[model]
         path = checkpoint(name, layers)
         extra = ["--served-model-name", name, "--max-total-tokens", str(SGLANG_POOL[model])]
+        extra += ["--kv-share-per-key", "1.0", "--admission-timeout", "5"]  # one key may use the whole pool
         for key in KEYS:
             extra += ["--api-key", key]
         server = SGLangServer(path, free_port(), self._dir / f"sglang-{model}.log", extra=extra)

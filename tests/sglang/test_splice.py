@@ -158,6 +158,8 @@ def _provoke(code: FallbackCode):
     elif code is FallbackCode.DRIFT_BUDGET:
         be_kw["rotation_budget"] = 0
     be = backend(rt, **be_kw)
+    if code is FallbackCode.CONTEXT_LENGTH:  # refused before anything is allocated
+        directives = [Directive(start=10, end=10, replacement=[5] * be.info.max_context_tokens)]
     if code is FallbackCode.CANARY_FAILED:  # Leyline's spec disagrees with SGLang's rotary module
         rt.splicer.spec = rt.splicer.spec.with_layout("half_split")
     return rt, be, directives, kwargs
@@ -170,7 +172,9 @@ def test_each_fallback_code_is_produced_and_strict_raises(code):
     assert report.fallback is not None and report.fallback.code is code, report
     assert not report.applied and report.rotated_tokens == 0
     rt.check()
-    if code not in (FallbackCode.BASE_MISMATCH, FallbackCode.SPAN_INVALID, FallbackCode.TOKEN_INVALID):
+    refused = (FallbackCode.BASE_MISMATCH, FallbackCode.SPAN_INVALID, FallbackCode.TOKEN_INVALID,
+               FallbackCode.CONTEXT_LENGTH)  # fmt: skip
+    if code not in refused:
         expected = BASE if code is FallbackCode.PROMPT_MISMATCH else apply(BASE, directives)
         assert new.tokens == expected  # served as a forget (of the prompt, when it disagrees)
         assert layer0_error(rt, new) < 1e-4
