@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import sys
@@ -82,6 +83,7 @@ class Bench:
     def __init__(self, url: str) -> None:
         self.http = httpx.Client(base_url=url, timeout=600)
         self.doc = (ROOT / "docs" / "design.md").read_text(encoding="utf-8") * 3
+        self.runs = itertools.count()
 
     def tokens(self, messages: list[dict[str, str]], prompt: bool = False) -> tuple[list[int], list[dict]]:
         r = self.http.post("/v1/leyline/tokenize", json={"messages": messages, "add_generation_prompt": prompt})
@@ -126,9 +128,10 @@ class Bench:
         return prefill, decode
 
     def agent(self, downstream: int) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
-        """(the session's messages, the edited request's messages) for ``downstream`` tokens."""
+        """(the session's messages, the edited request's messages) for ``downstream`` tokens; each
+        call's system message is new, so no run reuses another's cache (a forget would)."""
         head = [
-            {"role": "system", "content": "You are a coding agent."},
+            {"role": "system", "content": f"You are a coding agent (run {next(self.runs)})."},
             {"role": "user", "content": "Fix the bug."},
             {"role": "assistant", "content": "Reading the file."},
         ]
