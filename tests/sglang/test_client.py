@@ -131,6 +131,7 @@ def test_build_sglang_engine_launches_checks_and_refuses(refuse, monkeypatch, tm
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
     rt = Runtime("mla", pool_tokens=64)
     rt.scheduler.page_size = 16 if refuse else 1
+    rt.scheduler._leyline_splicer = None  # built again, for this page size, by the first control request
     calls: list[str] = []
     tm = FakeTokenizerManager(rt)
     tm.tokenizer = "the tokenizer"

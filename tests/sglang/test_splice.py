@@ -158,6 +158,8 @@ def _provoke(code: FallbackCode):
     elif code is FallbackCode.DRIFT_BUDGET:
         be_kw["rotation_budget"] = 0
     be = backend(rt, **be_kw)
+    if code is FallbackCode.CONTEXT_LENGTH:  # refused before anything is allocated
+        directives = [Directive(start=10, end=10, replacement=[5] * be.info.max_context_tokens)]
     if code is FallbackCode.CANARY_FAILED:  # Leyline's spec disagrees with SGLang's rotary module
         rt.splicer.spec = rt.splicer.spec.with_layout("half_split")
     return rt, be, directives, kwargs
@@ -170,7 +172,9 @@ def test_each_fallback_code_is_produced_and_strict_raises(code):
     assert report.fallback is not None and report.fallback.code is code, report
     assert not report.applied and report.rotated_tokens == 0
     rt.check()
-    if code not in (FallbackCode.BASE_MISMATCH, FallbackCode.SPAN_INVALID, FallbackCode.TOKEN_INVALID):
+    refused = (FallbackCode.BASE_MISMATCH, FallbackCode.SPAN_INVALID, FallbackCode.TOKEN_INVALID,
+               FallbackCode.CONTEXT_LENGTH)  # fmt: skip
+    if code not in refused:
         expected = BASE if code is FallbackCode.PROMPT_MISMATCH else apply(BASE, directives)
         assert new.tokens == expected  # served as a forget (of the prompt, when it disagrees)
         assert layer0_error(rt, new) < 1e-4
@@ -180,4 +184,46 @@ def test_each_fallback_code_is_produced_and_strict_raises(code):
         splice(be, handle, SpliceRequest(directives, strict=True, **kwargs))
     assert info.value.code is code
     assert rt.control("probe", {"tokens": BASE, "ns": NS})["matched"] == 80  # strict: nothing changed
+    rt.check()
+
+
+# -- blocks and the canary's meaning ----------------------------------------------------------------
+BLOCK = [(37 * i + 11) % 900 + 50 for i in range(24)]
+
+
+@pytest.mark.parametrize("kind", ["mla", "mha"])
+def test_a_placed_block_brings_its_own_rows_not_the_sessions(kind):
+    rt = Runtime(kind)
+    be = backend(rt)
+    block = be.prefill(BLOCK, CacheScope(salt="key", private="block")).handle
+    place = [Directive(start=30, end=30, block="b")]
+    new, report = splice(be, be.prefill(BASE, SCOPE).handle, SpliceRequest(place, blocks={"b": block}))
+    assert report.applied and report.canary == "passed", report
+    assert (report.rotated_tokens, report.prefilled_tokens) == (24 + 50, 0)
+    assert new.tokens == BASE[:30] + BLOCK + BASE[30:]
+    assert layer0_error(rt, new) < 1e-4  # the block's rows at 30..54, the session's moved after them
+    be.release(block)
+    be.release(new)
+    rt.check()
+
+
+@pytest.mark.parametrize("kind", ["mla", "mha"])
+def test_the_canary_compares_with_the_models_own_keys_of_the_tokens(kind):
+    rt = Runtime(kind)
+    be = backend(rt)
+    handle = be.prefill(BASE, SCOPE).handle
+    stage = be.begin(handle, 20)
+    from leyline_sdk.directives import KeptRun
+
+    be.move(stage, handle, [KeptRun(45, 80, 22)])
+    positions = [22, 30, 56]
+    right = [BASE[45], BASE[53], BASE[79]]
+    good = be.canary(stage, positions, right)
+    assert good.ran and good.error < good.tolerance
+    wrong = be.canary(stage, positions, [t + 1 for t in right])  # rows that are not these tokens'
+    assert wrong.ran and wrong.error > 100 * wrong.tolerance
+    shifted = be.canary(stage, positions, [BASE[44], BASE[52], BASE[78]])  # each row one position off
+    assert shifted.ran and shifted.error > 100 * shifted.tolerance
+    be.abort(stage)
+    be.release(handle)
     rt.check()

@@ -47,8 +47,9 @@ class Room:
             dropped = True
         return dropped
 
-    async def reserve(self, ticket: Ticket, tokens: int) -> None:
-        """Reserve ``tokens`` of KV for the request, then make sure they are there (idle sessions shed)."""
+    async def reserve(self, ticket: Ticket, tokens: int, keep: Session | None = None) -> None:
+        """Reserve ``tokens`` of KV for the request, then make sure they are there (idle sessions
+        shed, never ``keep``: the session the request continues)."""
         await self.admission.reserve(ticket, tokens)
         info = self.engine.info
         if info.parks_idle:
@@ -57,7 +58,7 @@ class Room:
         pinned = sum(len(b.handle.tokens) for b in self.blocks.all())
         excess = idle + pinned + self.admission.reserved - info.kv_capacity_tokens
         if excess > 0:
-            self.shed(excess)
+            self.shed(excess, keep=keep)
 
     async def retry(self, attempt: Callable[[bool], Awaitable[T]], tokens: int, keep: Session | None) -> T:
         """``attempt(True)``; while the pool is full, shed idle sessions and ``attempt(False)`` again.

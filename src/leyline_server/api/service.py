@@ -147,7 +147,9 @@ class LeylineService:
         tokens, auto = prompt.tokens, prompt.auto
         if ext is not None:
             check_directives(self.config, ext.directives, "leyline.directives")
-        await self.room.reserve(ticket, len(tokens) + max_tokens)  # a session's old base: below
+        # a session's old base: below; the session this turn continues is not shed to make room
+        own = self.sessions.get(ext.session_id, owner) if ext is not None and ext.session_id else None
+        await self.room.reserve(ticket, len(tokens) + max_tokens, keep=own or (auto.session if auto else None))
         if ext is not None:
             session, fallback = resolve_session(self.sessions, self.salt(owner), ext, owner)
         elif auto is not None:

@@ -77,12 +77,23 @@ class SGLangHandle(Handle):
 
 @dataclass
 class _Stage:
-    """A splice being recorded: the handle, what it keeps, its moves and fills (nothing allocated)."""
+    """A splice being recorded: the handle, what it keeps, its moves and fills (nothing allocated).
+
+    Each move keeps its source: the session's own handle for kept runs, a block's handle for a
+    placed block (its rows are the block's, not the session's).
+    """
 
     handle: SGLangHandle
     keep: int
-    runs: list[KeptRun] = field(default_factory=list)
+    runs: list[tuple[SGLangHandle, KeptRun]] = field(default_factory=list)
     fills: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
+
+    def source_of(self, position: int) -> tuple[SGLangHandle, int]:
+        """The handle and old position of the row a move puts at new ``position``."""
+        for source, run in self.runs:
+            if run.new_start <= position < run.new_start + run.old_end - run.old_start:
+                return source, run.old_start + position - run.new_start
+        raise ValueError(f"no move puts a row at position {position}")
 
 
 def _handle(handle: Handle) -> SGLangHandle:
@@ -91,25 +102,32 @@ def _handle(handle: Handle) -> SGLangHandle:
     return handle
 
 
-def _steps(stage: _Stage) -> list[tuple[int, str, Any]]:
-    """The stage's steps in new-position order: ``(at, "fill", tokens)`` or ``(at, "move", runs)``."""
-    items: list[tuple[int, str, Any]] = [(at, "fill", tokens) for at, tokens in stage.fills]
-    items += [(run.new_start, "move", [run]) for run in stage.runs]
+@dataclass
+class _Move:
+    """Adjacent runs of one source, copy-rotated by one control request."""
+
+    source: SGLangHandle
+    runs: list[KeptRun]
+
+    def __len__(self) -> int:
+        return sum(r.old_end - r.old_start for r in self.runs)
+
+
+def _steps(stage: _Stage) -> list[tuple[int, tuple[int, ...] | _Move]]:
+    """The stage's steps in new-position order: ``(at, tokens)`` to fill or ``(at, _Move)``."""
+    items: list[tuple[int, tuple[int, ...] | _Move]] = list(stage.fills)
+    items += [(run.new_start, _Move(source, [run])) for source, run in stage.runs]
     items.sort(key=lambda item: item[0])
-    merged: list[tuple[int, str, Any]] = []
-    for at, kind, payload in items:
-        prev = merged[-1] if merged else None
-        if kind == "move" and prev is not None and prev[1] == "move":
-            last = prev[2][-1]
+    merged: list[tuple[int, tuple[int, ...] | _Move]] = []
+    for at, step in items:
+        prev = merged[-1][1] if merged else None
+        if isinstance(step, _Move) and isinstance(prev, _Move) and prev.source is step.source:
+            last = prev.runs[-1]
             if last.new_start + last.old_end - last.old_start == at:  # adjacent runs: one request
-                prev[2].append(payload[0])
+                prev.runs.append(step.runs[0])
                 continue
-        merged.append((at, kind, payload))
+        merged.append((at, step))
     return merged
-
-
-def _length(kind: str, payload: Any) -> int:
-    return len(payload) if kind == "fill" else sum(r.old_end - r.old_start for r in payload)
 
 
 class SGLangSpliceBackend:
@@ -144,12 +162,19 @@ class SGLangSpliceBackend:
         if pin is not None:
             self.transport.post("unpin", {"pin": pin})
 
-    def _check_room(self, tokens: list[int], ns: str | None, need: int | None = None) -> None:
-        reply = self.transport.control("probe", {"tokens": tokens, "ns": ns})
-        if need is None:  # a request recomputes at least its last token
-            need = len(tokens) - min(int(reply["matched"]), len(tokens) - 1)
+    def _check_room(self, tokens: list[int], ns: str | None, need: int | None = None, max_new: int = 1) -> None:
+        """Raise :class:`CapacityError` unless SGLang would admit a request for ``tokens`` that
+        generates ``max_new`` tokens (``need``: slots asked for instead, e.g. a whole commit)."""
+        reply = self.transport.control("probe", {"tokens": tokens, "ns": ns, "max_new": max_new})
+        need = int(reply["need"]) if need is None else need + max_new + 1
         if need > int(reply["room"]):
             raise CapacityError(f"need {need} KV slots, {reply['room']} free or evictable")
+
+    def check_decode_room(self, tokens: Sequence[int], ns: str | None, max_new: int) -> None:
+        """Before a generation of ``max_new`` tokens after ``tokens``: SGLang admits it only with
+        room for all of them up front, and would otherwise queue it for as long as pinned
+        sessions hold the pool (:class:`CapacityError` instead)."""
+        self._check_room(list(tokens), ns, max_new=max_new)
 
     def prefill(self, tokens: Sequence[int], scope: CacheScope, previous: Handle | None = None) -> Prefilled:
         """Cache ``tokens`` through SGLang (reusing its cached prefix) and pin them; release ``previous``."""
@@ -177,21 +202,21 @@ class SGLangSpliceBackend:
         return _Stage(_handle(handle), keep)
 
     def move(self, stage: _Stage, handle: Handle, runs: Sequence[KeptRun]) -> None:
-        """Record ``runs`` to copy-rotate (done in :meth:`commit`, in position order)."""
-        stage.runs.extend(runs)
+        """Record ``runs`` of ``handle`` to copy-rotate (done in :meth:`commit`, in position order)."""
+        source = _handle(handle)
+        stage.runs.extend((source, run) for run in runs)
 
     def fill(self, stage: _Stage, at: int, tokens: Sequence[int]) -> None:
         """Record ``tokens`` to compute at ``[at, ...)`` (an SGLang request in :meth:`commit`)."""
         stage.fills.append((at, tuple(tokens)))
 
     def canary(self, stage: _Stage, positions: Sequence[int], tokens: Sequence[int]) -> CanaryResult:
-        """Rotate the layer-0 rows the moves will rotate (same kernel) and compare them with the
-        model's own rotary embedding applied to the unrotated rows (see :mod:`.splicer`)."""
-        old: list[int] = []
-        for p in positions:
-            run = next(r for r in stage.runs if r.new_start <= p < r.new_start + r.old_end - r.old_start)
-            old.append(run.old_start + p - run.new_start)
-        reply = self.transport.control("canary", {"pin": stage.handle.pin, "old": old, "new": list(positions)})
+        """Rotate the layer-0 rows the moves will put at ``positions`` (each read from its own source,
+        rotated with the move's kernel) and compare them with the model's own layer-0 keys of
+        ``tokens`` there (see :mod:`.splicer`)."""
+        sources = [stage.source_of(p) for p in positions]
+        args = {"sources": [[h.pin, old] for h, old in sources], "new": list(positions), "tokens": list(tokens)}
+        reply = self.transport.control("canary", args)
         return CanaryResult(bool(reply["ran"]), float(reply["error"]), float(reply["tolerance"]))
 
     def abort(self, stage: _Stage) -> None:
@@ -199,13 +224,13 @@ class SGLangSpliceBackend:
         stage.runs.clear()
         stage.fills.clear()
 
-    def _extend(self, stage: _Stage, tokens: list[int], at: int, runs: list[KeptRun]) -> None:
+    def _extend(self, stage: _Stage, tokens: list[int], at: int, move: _Move) -> None:
         args = {
-            "pin": stage.handle.pin,
+            "pin": move.source.pin,
             "ns": stage.handle.ns,
             "prefix": tokens[:at],
-            "runs": [[r.old_start, r.old_end, r.new_start] for r in runs],
-            "tokens": tokens[at : at + _length("move", runs)],
+            "runs": [[r.old_start, r.old_end, r.new_start] for r in move.runs],
+            "tokens": tokens[at : at + len(move)],
         }
         for attempt in range(2):
             try:
@@ -228,14 +253,14 @@ class SGLangSpliceBackend:
         handle = _handle(previous)
         self._check_room(tokens, handle.ns, need=len(tokens) - stage.keep)
         done = stage.keep
-        for at, kind, payload in _steps(stage):
+        for at, step in _steps(stage):
             if at != done:
                 raise AssertionError(f"splice step at {at} after {done} staged tokens")
-            if kind == "fill":
-                self.transport.prefill(tokens[: at + len(payload)], handle.ns)
+            if isinstance(step, _Move):
+                self._extend(stage, tokens, at, step)
             else:
-                self._extend(stage, tokens, at, payload)
-            done = at + _length(kind, payload)
+                self.transport.prefill(tokens[: at + len(step)], handle.ns)
+            done = at + len(step)
         fresh = self.pin(tokens, handle.scope)
         fresh.exact = min(fresh.exact, exact)
         self.release(previous)

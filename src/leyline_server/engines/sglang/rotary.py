@@ -1,4 +1,4 @@
-"""RoPE of an SGLang model, read from its own rotary module: the shift spec and the canary's reference.
+"""RoPE of an SGLang model, read from its own rotary module: the shift spec.
 
 SGLang's layout differs from transformers' for some families (DeepSeek k_pe is interleaved,
 ``is_neox_style = not rope_interleave``), so the spec is built from the module SGLang applies to
@@ -11,9 +11,8 @@ K — ``model.model.layers[0].self_attn.rotary_emb`` — never from the transfor
   linear with one factor, llama3, YaRN, DeepSeek-YaRN); dynamic NTK, mrope, longrope, dual-chunk
   and the rest are refused by name (``rope_unsupported``).
 
-The canary's reference (:func:`reference_rotation`) asks the same module what a key computed at
-``old`` becomes at ``new``: it applies ``forward_native`` (the module's plain-torch path) to basis
-vectors to read its rotation matrices, so it shares no code with Leyline's spec or kernels.
+The canary does not trust this spec: it compares rotated rows with the model's own layer-0 keys
+(:mod:`.layer0`), computed by SGLang's modules, so a wrong layout or frequency shows there.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ import torch
 
 from leyline_server.rope import PairLayout, RopeSpec
 
-__all__ = ["find_rotary", "rope_spec_from_rotary", "reference_rotation", "SHIFTABLE_ROTARY"]
+__all__ = ["find_rotary", "rope_spec_from_rotary", "SHIFTABLE_ROTARY"]
 
 # SGLang rotary class -> how its inverse frequencies are computed
 SHIFTABLE_ROTARY = {
@@ -87,35 +86,3 @@ def rope_spec_from_rotary(rotary: Any | None, rotary_offset: int, model_type: st
         rope_type=f"sglang:{name}",
         attention_scaling=float(getattr(rotary, "mscale", 1.0)),
     )
-
-
-def _matrices(rotary: Any, positions: torch.Tensor) -> torch.Tensor:
-    """``[N, rot, rot]`` fp64: column j of matrix i is the module's output for basis vector j at position i."""
-    rot, head = int(rotary.rotary_dim), int(rotary.head_size)
-    n = positions.numel()
-    basis = torch.zeros(n * rot, 1, head, dtype=torch.float32, device=positions.device)
-    eye = torch.eye(rot, dtype=torch.float32, device=positions.device)
-    basis[:, 0, :rot] = eye.repeat(n, 1)
-    pos = positions.repeat_interleave(rot)
-    _, out = rotary.forward_native(pos, basis.clone(), basis.clone())
-    cols = out.reshape(n, rot, -1)[..., :rot].to(torch.float64)  # [N, j, rot] = M e_j
-    return cols.transpose(1, 2)
-
-
-@torch.no_grad()
-def reference_rotation(
-    rotary: Any, rows: torch.Tensor, old: torch.Tensor, new: torch.Tensor, offset: int
-) -> torch.Tensor:
-    """What the model's own rotary module makes of ``rows`` (cached at ``old``) moved to ``new``.
-
-    ``rows`` ``[N, H, D]``: the rotary slice ``[offset, offset + rotary_dim)`` of every head is
-    un-rotated with the module's matrix at ``old`` and rotated with the one at ``new`` (any YaRN
-    mscale cancels); the rest of the row is unchanged. Returns fp64 rows.
-    """
-    rot = int(rotary.rotary_dim)
-    out = rows.to(torch.float64).clone()
-    m_old, m_new = _matrices(rotary, old), _matrices(rotary, new)
-    x = out[..., offset : offset + rot]  # [N, H, rot]
-    raw = torch.linalg.solve(m_old[:, None], x.unsqueeze(-1))  # [N, H, rot, 1]
-    out[..., offset : offset + rot] = (m_new[:, None] @ raw).squeeze(-1)
-    return out

@@ -2,8 +2,11 @@
 
 Splices and prefills run the executor on worker threads (each blocks on round trips to the
 schedulers, so several sessions proceed at once); decoding is SGLang's own streaming request,
-consumed on the caller's event loop. After a stream the turn's handle is re-pinned on what SGLang
-cached (prompt + generated but the last token, which has no KV yet), as the embedded engine does.
+consumed on the caller's event loop. SGLang admits a generation only with room for all of its
+``max_tokens`` up front; a stream that would not fit raises ``CapacityError`` before it starts
+(SGLang would queue it for as long as pinned sessions hold the pool). After a stream the turn's
+handle is re-pinned on what SGLang cached (prompt + generated but the last token, which has no KV
+yet), as the embedded engine does.
 """
 
 from __future__ import annotations
@@ -115,6 +118,7 @@ class AsyncSGLangEngine:
         handle = turn.handle
         if not isinstance(handle, SGLangHandle):
             raise TypeError(f"not a handle of the SGLang engine: {type(handle).__name__}")
+        await self._job(self.backend.check_decode_room, turn.prompt, handle.ns, params.max_tokens)
         reader = StepReader()
         chunks = self.client.generate(list(turn.prompt), handle.ns, sampling_dict(params), logprob_args(params))
         try:

@@ -13,11 +13,13 @@ computed attending to it.
 Operations (``handle(op, args) -> reply``; keys are token lists, ``ns`` the ``cache_salt``):
 
 * ``info`` — model and pool facts, the RoPE spec, and what this runtime cannot splice;
-* ``probe`` — cached prefix length of ``tokens`` and the room (free + evictable slots);
+* ``probe`` — cached prefix length of ``tokens``, the room (free + evictable slots once that
+  prefix is locked, as SGLang's admission counts it) and what a request for ``tokens`` needs;
 * ``pin`` / ``unpin`` — lock / unlock the cached prefix of ``tokens`` under a pin id;
 * ``counts`` — rotations of the pinned slots at ``positions``;
-* ``canary`` — rotate the pinned layer-0 rows at ``old`` to ``new`` in scratch with the kernel a
-  move uses, compare with the model's own rotary module (:func:`.rotary.reference_rotation`);
+* ``canary`` — the layer-0 rows the moves will copy (each from its own pinned source: the session's
+  path or a block's), rotated in scratch with the kernel a move uses, compared with the model's own
+  layer-0 keys of the tokens at their new positions (:mod:`.layer0`);
 * ``extend`` — ``prefix`` must be cached in ``ns``: allocate slots for ``runs`` of the pinned
   handle, copy-rotate them there and insert ``prefix + tokens`` (SGLang frees duplicates).
 """
@@ -31,7 +33,8 @@ from typing import Any
 
 import torch
 
-from leyline_server.engines.sglang.rotary import find_rotary, reference_rotation, rope_spec_from_rotary
+from leyline_server.engines.sglang.layer0 import KeyFunction, layer0_key_function
+from leyline_server.engines.sglang.rotary import find_rotary, rope_spec_from_rotary
 from leyline_server.kernels import rotate_copy_layers
 from leyline_server.rope import RopeSpec
 
@@ -85,8 +88,9 @@ def _key(tokens: list[int], ns: str | None) -> Any:
 class SchedulerSplicer:
     """The scheduler-side half of the SGLang engine (see the module docstring).
 
-    ``refusals`` lists what this runtime cannot splice; ``facts`` is what ``info`` reports;
-    ``sync`` orders our kernels after SGLang's in-flight forward (CUDA streams).
+    ``layer0`` computes the model's own layer-0 keys (the canary's reference; ``None``: the
+    canary is unavailable); ``refusals`` lists what this runtime cannot splice; ``facts`` is what
+    ``info`` reports; ``sync`` orders our kernels after SGLang's in-flight forward (CUDA streams).
     """
 
     def __init__(
@@ -95,12 +99,12 @@ class SchedulerSplicer:
         allocator: Any,
         layers: KVLayers,
         spec: RopeSpec,
-        rotary: Any | None,
+        layer0: KeyFunction | None,
         refusals: list[str] | None = None,
         facts: dict[str, Any] | None = None,
         sync: Callable[[], None] = lambda: None,
     ) -> None:
-        self.tree, self.allocator, self.layers, self.spec, self.rotary = tree, allocator, layers, spec, rotary
+        self.tree, self.allocator, self.layers, self.spec, self.layer0 = tree, allocator, layers, spec, layer0
         self.refusals = list(refusals or [])
         self.facts = dict(facts or {})
         self.sync = sync
@@ -178,10 +182,26 @@ class SchedulerSplicer:
             "refusals": self.refusals,
         }
 
-    def op_probe(self, tokens: list[int], ns: str | None) -> dict[str, Any]:
-        """How much of ``tokens`` is cached, and how many slots could be had (free + evictable)."""
-        matched, _ = self._match(tokens, ns)
-        return {"matched": matched, "room": int(self.allocator.available_size()) + int(self.tree.evictable_size())}
+    def op_probe(self, tokens: list[int], ns: str | None, max_new: int = 1) -> dict[str, Any]:
+        """How much of ``tokens`` is cached, the room, and what SGLang admits a request for them with.
+
+        SGLang admits a request only when its new tokens, its ``max_new_tokens`` (clipped at
+        ``CLIP_MAX_NEW_TOKENS``) and one page fit in the free plus evictable slots, its own
+        cached prefix locked (``schedule_policy.PrefillAdder.add_one_req``); otherwise the
+        request waits, for good if pinned sessions hold the rest. ``room`` and ``need`` count
+        the same way, so the engine refuses (``CapacityError``) instead of queueing forever.
+        """
+        from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS
+
+        matched, node = self._match(tokens, ns)
+        lock = self._lock(matched, node)
+        try:
+            room = int(self.allocator.available_size()) + int(self.tree.evictable_size())
+        finally:
+            self.tree.unlock(lock)
+        extend = len(tokens) - min(matched, max(len(tokens) - 1, 0))  # SGLang recomputes the last token
+        need = extend + min(max_new, CLIP_MAX_NEW_TOKENS) + int(getattr(self.allocator, "page_size", 1))
+        return {"matched": matched, "room": room, "need": need}
 
     def op_pin(self, pin: int, tokens: list[int], ns: str | None) -> dict[str, Any]:
         """Lock the cached prefix of ``tokens`` under ``pin``: its length and how much of it is exact."""
@@ -201,20 +221,30 @@ class SchedulerSplicer:
         slots = self._pinned(pin)[torch.as_tensor(positions, dtype=torch.int64, device=self.marks.device)]
         return {"counts": (self.marks[slots] - 1).clamp(min=0).tolist()}
 
-    def op_canary(self, pin: int, old: list[int], new: list[int]) -> dict[str, Any]:
-        """The layer-0 canary (see the module docstring); ``ran`` False without a rotary module."""
+    def op_canary(self, sources: list[list[int]], new: list[int], tokens: list[int]) -> dict[str, Any]:
+        """The layer-0 canary: ``sources[i]`` = ``(pin, old position)`` of the row that lands at ``new[i]``.
+
+        Each row is read from its own pinned path, rotated from its old to its new position in
+        scratch with the move's kernel, and compared with the model's own layer-0 keys of
+        ``tokens[i]`` at ``new[i]``; ``ran`` is False without a key function.
+        """
         tolerance = CANARY_TOLERANCE.get(self.layers.keys[0].dtype, 1e-2)
-        if self.rotary is None or not old or not self.spec.shiftable:
+        if self.layer0 is None or not sources or not self.spec.shiftable:
             return {"ran": False, "error": 0.0, "tolerance": tolerance}
         device = self.marks.device
-        old_t = torch.as_tensor(old, dtype=torch.int64, device=device)
+        paths = {pin: self._pinned(pin) for pin in {int(s[0]) for s in sources}}
+        if any(not 0 <= int(old) < paths[int(pin)].numel() for pin, old in sources):
+            raise OpError("bad_request", "a canary row lies past its pinned (cached) tokens")
+        slots = torch.stack([paths[int(pin)][int(old)] for pin, old in sources])
+        old_t = torch.as_tensor([int(s[1]) for s in sources], dtype=torch.int64, device=device)
         new_t = torch.as_tensor(new, dtype=torch.int64, device=device)
         self.sync()
-        rows = self.layers.keys[0].index_select(0, self._pinned(pin)[old_t])  # [n, H, D]
-        idx = torch.arange(len(old), device=device)
+        rows = self.layers.keys[0].index_select(0, slots)  # [n, H, D]
+        idx = torch.arange(len(sources), device=device)
         rotate_copy_layers([rows], idx, idx, old_t, new_t, self.spec)  # in place, the move's kernel
-        expected = reference_rotation(self.rotary, self.layers.keys[0].index_select(0, self._pinned(pin)[old_t]),
-                                      old_t, new_t, self.layers.rotary_offset)  # fmt: skip
+        expected = self.layer0(torch.as_tensor(tokens, dtype=torch.int64, device=device), new_t).double()
+        if expected.shape != rows.shape:
+            raise OpError("canary_shape", f"layer-0 keys {tuple(expected.shape)} vs pool rows {tuple(rows.shape)}")
         error = (rows.double() - expected).abs().max().item() / max(expected.abs().max().item(), 1e-6)
         return {"ran": True, "error": error, "tolerance": tolerance}
 
@@ -272,8 +302,8 @@ class SchedulerSplicer:
         if isinstance(layers, str):
             raise RuntimeError(f"Leyline cannot splice this SGLang runtime: {layers}")
         model = scheduler.tp_worker.model_runner.model
-        rotary = find_rotary(model)
         model_type = str(getattr(scheduler.model_config.hf_config, "model_type", "unknown"))
-        spec = rope_spec_from_rotary(rotary, layers.rotary_offset, model_type)
+        spec = rope_spec_from_rotary(find_rotary(model), layers.rotary_offset, model_type)
+        keys = layer0_key_function(model, layers.kind)
         facts = scheduler_facts(scheduler)
-        return cls(scheduler.tree_cache, allocator, layers, spec, rotary, refusals, facts, stream_sync(scheduler))
+        return cls(scheduler.tree_cache, allocator, layers, spec, keys, refusals, facts, stream_sync(scheduler))
