@@ -32,6 +32,7 @@ PURE = {
     "rendering",
     "stats",
     "templates",
+    "template_data",
     "tiny_tokenizer",
     "tool_text",
     "turns",
