@@ -146,8 +146,9 @@ class _Incremental:
 
     def run(self) -> tuple[RenderedConversation, Snapshot]:
         """The rendering and the new snapshot."""
-        self.text = self.chat.render_text(self.msgs, self.tools, self.gen)
-        self.bounds = self._layout()
+        with self.chat.prepared_once():  # self.msgs are fresh normalized dicts, never changed here
+            self.text = self.chat.render_text(self.msgs, self.tools, self.gen)
+            self.bounds = self._layout()
         tokens, token_bounds = self._tokenize()
         n = len(self.msgs)
         spans = [Span.model_construct(start=token_bounds[c], end=token_bounds[c + 1]) for c in range(1, n + 1)]

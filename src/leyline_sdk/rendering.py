@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import bisect
 import copy
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
+from leyline_sdk import template_data
 from leyline_sdk.errors import RenderError
 from leyline_sdk.tool_text import ToolSupport, to_text_form
 
@@ -131,6 +134,7 @@ class HFChatTokenizer:
         from transformers.utils.chat_template_utils import render_jinja_template
 
         self._render_jinja: Any = render_jinja_template
+        self._local = threading.local()  # .prepared: this thread's TemplateData inside prepared_once
         self.template_kwargs: dict[str, Any] = {}
         self.isolated_tokens = _isolated_tokens(tokenizer)
         self.tool_support = self._probe_tools()
@@ -201,16 +205,46 @@ class HFChatTokenizer:
         """The template itself, nothing rewritten."""
         try:
             template = self.tokenizer.get_chat_template(None, list(tools) if tools else None)
+            variables = {**self.tokenizer.special_tokens_map, **self.template_kwargs}
+            prepared = self._prepared_for(tools, variables)
+            if prepared is not None:
+                tool_list = list(tools) if tools else None
+                return prepared.render(template, messages, tool_list, add_generation_prompt, variables)
             rendered, _ = self._render_jinja(  # type: ignore[misc]  # transformers' untyped helper
                 conversations=[list(messages)],
                 tools=list(tools) if tools else None,
                 chat_template=template,
                 add_generation_prompt=add_generation_prompt,
-                **{**self.tokenizer.special_tokens_map, **self.template_kwargs},
+                **variables,
             )
         except Exception as exc:  # jinja raises many types; surface one
             raise RenderError(f"chat template failed: {exc}") from exc
         return str(rendered[0])
+
+    @contextmanager
+    def prepared_once(self) -> Iterator[None]:
+        """Within the block, this thread's renders prepare each message dict's template input once.
+
+        The caller promises that the message dicts it renders do not change during the block (the
+        text is identical to transformers' renderer: see :mod:`leyline_sdk.template_data`).
+        """
+        if getattr(self._local, "prepared", None) is not None:
+            yield
+            return
+        self._local.prepared = template_data.load()
+        try:
+            yield
+        finally:
+            self._local.prepared = None
+
+    def _prepared_for(
+        self, tools: Sequence[Mapping[str, Any]] | None, variables: Mapping[str, Any]
+    ) -> template_data.TemplateData | None:
+        """The block's TemplateData when this render is the plain case it reproduces exactly."""
+        prepared = getattr(self._local, "prepared", None)
+        if prepared is None or any(not isinstance(t, dict) for t in tools or ()):
+            return None
+        return None if _RENDERER_ARGUMENTS.intersection(variables) else prepared
 
     def _preamble(self, tools: Sequence[Mapping[str, Any]] | None) -> str:
         """The text the template renders for zero messages ("" if it cannot)."""
@@ -243,10 +277,11 @@ class HFChatTokenizer:
         msgs = normalize_messages(messages)
         if not msgs:
             raise RenderError("cannot render an empty conversation")
-        full = self.render_text(msgs, tools, add_generation_prompt)
-        preamble = self._preamble(tools)
-        head = preamble if full.startswith(preamble) else ""
-        boundaries, reason = self._char_boundaries(msgs, tools, full, head, add_generation_prompt)
+        with self.prepared_once():  # msgs are our own fresh dicts
+            full = self.render_text(msgs, tools, add_generation_prompt)
+            preamble = self._preamble(tools)
+            head = preamble if full.startswith(preamble) else ""
+            boundaries, reason = self._char_boundaries(msgs, tools, full, head, add_generation_prompt)
         tokens, offsets = self.encode(full)
         token_bounds = _char_to_token_boundaries(boundaries, offsets, len(full))
         if token_bounds is None:
@@ -272,6 +307,14 @@ class HFChatTokenizer:
             boundaries.append(len(text))
             previous = text
         return boundaries, reason
+
+
+# render_jinja_template's own keyword arguments: a template variable of one of these names would
+# be taken as the argument, which only transformers' renderer reproduces.
+_RENDERER_ARGUMENTS = frozenset(
+    {"conversations", "tools", "documents", "chat_template", "return_assistant_tokens_mask"}
+    | {"continue_final_message", "add_generation_prompt"}
+)
 
 
 def _isolated_tokens(tokenizer: Any) -> tuple[str, ...]:
