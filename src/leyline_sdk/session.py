@@ -251,6 +251,9 @@ class LeylineSession:
         directives = with_repair(directives, self.seam_repair)
         if not self._block_indices:
             return directives
+        if self.gateway is not None:  # /leyline/blocks is out of reach: the block message is prefilled
+            turn.block_fallback = "gateway"
+            return directives
         k = len(self._seen)  # new block messages come after the messages the server has seen
         floor = prompt.message_spans[k - 1].end if k else 0
         placement = await place_blocks(

@@ -85,3 +85,28 @@ def test_blocking_client_behind_a_gateway_splices_through_metadata():
         client.close()
     assert {r.url.path for r in seen} == {"/v1/chat/completions"}
     assert {r.headers["X-SMG-Routing-Key"] for r in seen} == {session.routing_key}
+
+
+async def test_a_block_message_behind_a_gateway_is_prefilled_not_placed():
+    """``/v1/leyline/blocks`` is out of reach behind a gateway: the block message is an ordinary one."""
+    seen: list[httpx.Request] = []
+
+    async def record(request: httpx.Request) -> None:
+        seen.append(request)
+
+    skill = {"role": "user", "content": "Skill: read files before editing them.", "leyline_block": True}
+    with running_server(make_service(kv_budget_mb=32)) as url:
+        client = AsyncLeyline(
+            base_url=url + "/v1",
+            tokenizer=HFChatTokenizer(load_tiny_tokenizer()),
+            behind_router=True,
+            http_client=httpx.AsyncClient(event_hooks={"request": [record]}),
+        )
+        session = client.session(tools=TOOLS)
+        turns = [[SYSTEM, TASK], [SYSTEM, TASK, *agent_turn(0), skill]]
+        for messages in turns:
+            await session.create(model="tiny-mla", messages=messages, max_tokens=2)
+        await client.close()
+    assert {r.url.path for r in seen} == {"/v1/chat/completions"}
+    assert session.stats[1].block_fallback == "gateway" and session.stats[1].fallback is None
+    assert "leyline_block" not in carried(seen[1])["messages"][-1]
