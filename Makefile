@@ -19,7 +19,7 @@ LLAMACPP_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF -DG
 	-DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
 	-DLLAMA_BUILD_SERVER=OFF -DCMAKE_PROJECT_INCLUDE=$(CURDIR)/src/leyline_server/engines/llamacpp/cmake/no_common.cmake
 
-.PHONY: demo test test-fast bench lint clean test-sglang sglang-cpu-server
+.PHONY: cluster-demo demo test test-fast bench lint clean test-sglang sglang-cpu-server
 
 $(STAMP): pyproject.toml
 	@echo "==> [1/4] creating the virtual environment $(VENV)"
@@ -52,6 +52,9 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
+
+cluster-demo: $(STAMP)
+	$(PY) examples/cluster.py
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check src policies tests benchmarks examples

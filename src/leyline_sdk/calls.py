@@ -34,6 +34,7 @@ import openai
 from openai._utils import maybe_transform
 from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessageParam
 
+from leyline_sdk.gateway import with_carrier
 from leyline_sdk.registry import ClientState
 from leyline_sdk.session import LeylineSession
 from leyline_sdk.stats import _Turn
@@ -151,8 +152,16 @@ async def prepare_call(
     session, turn = await _prepare_turn(client, messages, tools, session)
     out["messages"] = []  # the effective messages go in extra_body: see the module docstring
     body = {**(extra_body or {}), "messages": turn.effective}
+    gateway = session.gateway
     if turn.extension is not None:
-        body["leyline"] = turn.extension.model_dump(mode="json", exclude_none=True)
+        extension = turn.extension.model_dump(mode="json", exclude_none=True)
+        if gateway is None:
+            body["leyline"] = extension
+        else:  # the gateway drops unknown fields but keeps OpenAI's metadata
+            mine = body.get("metadata", out.get("metadata"))
+            body["metadata"] = with_carrier(mine if given(mine) else None, extension)
+    if gateway is not None:
+        out["extra_headers"] = {**(out.get("extra_headers") or {}), gateway.routing_header: session.routing_key}
     out["extra_body"] = body
     return Call(session, turn, out)
 
@@ -168,11 +177,17 @@ async def prepare_post(
         return None
     tools = check_tools(body["tools"]) if given(body.get("tools")) else None
     session, turn = await _prepare_turn(client, body.get("messages"), tools, None)
-    new_options = dict(options)
+    new_options, new_body = dict(options), {**body, "messages": turn.effective}
+    gateway = session.gateway
     if turn.extension is not None:
         extension = turn.extension.model_dump(mode="json", exclude_none=True)
-        new_options["extra_json"] = {**(extra or {}), "leyline": extension}
-    return Call(session, turn, {}), {**body, "messages": turn.effective}, new_options
+        if gateway is None:
+            new_options["extra_json"] = {**(extra or {}), "leyline": extension}
+        else:
+            new_body["metadata"] = with_carrier(body.get("metadata"), extension)
+    if gateway is not None:
+        new_options["headers"] = {**(options.get("headers") or {}), gateway.routing_header: session.routing_key}
+    return Call(session, turn, {}), new_body, new_options
 
 
 async def _prepare_turn(

@@ -26,9 +26,14 @@ Leyline's arguments: ``policies``, ``tokenizer`` (a local :class:`~leyline_sdk.r
 rendering like the server; default: the server's ``/leyline/tokenize``), ``strict`` (raise
 :class:`~leyline_sdk.fallback.SpliceFallbackError` instead of falling back), ``max_sessions``
 (sessions remembered, least recently used first out; a forgotten one's server-side session is
-deleted at the next call) and ``seam_repair`` (tokens recomputed after each ``amortize``
-replacement). ``with_options`` keeps them (and can change ``policies``, ``tokenizer``, ``strict``,
-``seam_repair``); a copy for the same base URL and key shares the parent's sessions
+deleted at the next call), ``seam_repair`` (tokens recomputed after each ``amortize``
+replacement), ``behind_router`` and ``routing_header`` (a gateway such as SGLang's router in
+front: each session sends its own routing key in that header, default ``X-SMG-Routing-Key``, and
+the extension in ``metadata["leyline"]``, over ``/v1/chat/completions`` only; give a local
+``tokenizer`` to splice there. SGLang's router is also detected from the first 404 on a Leyline
+route, and logged once: :mod:`leyline_sdk.gateway`). ``with_options`` keeps them (and can
+change ``policies``, ``tokenizer``, ``strict``, ``seam_repair``); a copy for the same base URL
+and key shares the parent's sessions
 (:mod:`leyline_sdk.registry`). Sessions are explicit (``client.session(...)``) or found by the
 longest known message prefix; ``chat.completions.create`` / ``parse`` / ``stream`` and any other
 ``POST /chat/completions`` made through the client (LiteLLM posts its own request bodies with
@@ -48,6 +53,7 @@ from openai._compat import cached_property
 
 from leyline_sdk.blocks import Blocks
 from leyline_sdk.completions import AsyncLeylineChat, LeylineChat, route_post, route_post_sync
+from leyline_sdk.gateway import DEFAULT_ROUTING_HEADER, Gateway
 from leyline_sdk.options import LeylineOptions, connection
 from leyline_sdk.registry import ClientState
 from leyline_sdk.renderer import LocalRenderer, Renderer, ServerRenderer
@@ -74,7 +80,9 @@ class _LeylineParts:
         client: Any = self
         self._leyline, self._routes = options, routes
         key = (str(client.base_url), str(client.api_key))
-        self._leyline_state = ClientState.share(state, routes, key, options.max_sessions)
+        self._leyline_state = ClientState.share(
+            state, routes, key, options.max_sessions, options.behind_router, options.routing_header
+        )
 
     @property
     def policies(self) -> list[Any]:
@@ -95,6 +103,11 @@ class _LeylineParts:
     def seam_repair(self) -> int:
         """Tokens recomputed after each ``amortize`` replacement (new sessions)."""
         return self._leyline.seam_repair
+
+    @property
+    def gateway(self) -> Gateway | None:
+        """The gateway requests pass (``behind_router=True`` or a detected router), else ``None``."""
+        return self._leyline_state.probe.gateway
 
     @property
     def max_sessions(self) -> int:
@@ -158,13 +171,17 @@ class AsyncLeyline(_LeylineParts, openai.AsyncOpenAI):
         strict: bool = False,
         max_sessions: int = 256,
         seam_repair: int = 4,
+        behind_router: bool = False,
+        routing_header: str = DEFAULT_ROUTING_HEADER,
         base_url: Any = None,
         api_key: Any = None,
         max_retries: int = DEFAULT_MAX_RETRIES,
         _leyline_state: ClientState | None = None,
         **kwargs: Any,
     ) -> None:
-        options = LeylineOptions.of(policies, tokenizer, strict, max_sessions, seam_repair)
+        options = LeylineOptions.of(
+            policies, tokenizer, strict, max_sessions, seam_repair, behind_router, routing_header
+        )
         kwargs.pop("_enforce_credentials", None)
         base_url, api_key = connection(base_url, api_key, DEFAULT_BASE_URL)
         super().__init__(
@@ -251,13 +268,17 @@ class Leyline(_LeylineParts, openai.OpenAI):
         strict: bool = False,
         max_sessions: int = 256,
         seam_repair: int = 4,
+        behind_router: bool = False,
+        routing_header: str = DEFAULT_ROUTING_HEADER,
         base_url: Any = None,
         api_key: Any = None,
         max_retries: int = DEFAULT_MAX_RETRIES,
         _leyline_state: ClientState | None = None,
         **kwargs: Any,
     ) -> None:
-        options = LeylineOptions.of(policies, tokenizer, strict, max_sessions, seam_repair)
+        options = LeylineOptions.of(
+            policies, tokenizer, strict, max_sessions, seam_repair, behind_router, routing_header
+        )
         kwargs.pop("_enforce_credentials", None)
         base_url, api_key = connection(base_url, api_key, DEFAULT_BASE_URL)
         super().__init__(

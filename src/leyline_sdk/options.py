@@ -15,13 +15,16 @@ __all__ = ["LeylineOptions", "connection"]
 
 @dataclass(frozen=True)
 class LeylineOptions:
-    """``policies``, ``tokenizer``, ``strict``, ``max_sessions`` and ``seam_repair`` of a client."""
+    """``policies``, ``tokenizer``, ``strict``, ``max_sessions``, ``seam_repair``, ``behind_router`` and
+    ``routing_header`` of a client (the last two: :mod:`leyline_sdk.gateway`)."""
 
     policies: tuple[Any, ...] = ()
     tokenizer: Any = None
     strict: bool = False
     max_sessions: int = 256
     seam_repair: int = 4
+    behind_router: bool = False
+    routing_header: str = "X-SMG-Routing-Key"
 
     def __post_init__(self) -> None:
         if isinstance(self.max_sessions, bool) or not isinstance(self.max_sessions, int) or self.max_sessions < 1:
@@ -31,15 +34,26 @@ class LeylineOptions:
             raise ValueError(f"seam_repair must be an int >= 0, got {repair!r}")
         if not isinstance(self.strict, bool):
             raise TypeError(f"strict must be a bool, got {type(self.strict).__name__}")
+        if not isinstance(self.behind_router, bool):
+            raise TypeError(f"behind_router must be a bool, got {type(self.behind_router).__name__}")
+        if not isinstance(self.routing_header, str) or not self.routing_header.strip():
+            raise ValueError(f"routing_header must be a header name, got {self.routing_header!r}")
 
     @classmethod
     def of(
-        cls, policies: Sequence[Any], tokenizer: Any, strict: bool, max_sessions: int, seam_repair: int
+        cls,
+        policies: Sequence[Any],
+        tokenizer: Any,
+        strict: bool,
+        max_sessions: int,
+        seam_repair: int,
+        behind_router: bool = False,
+        routing_header: str = "X-SMG-Routing-Key",
     ) -> LeylineOptions:
         """Validated options (``ValueError`` / ``TypeError`` naming the argument)."""
         if isinstance(policies, str) or not isinstance(policies, Sequence):
             raise TypeError(f"policies must be a list of policies, got {type(policies).__name__}")
-        return cls(tuple(policies), tokenizer, strict, max_sessions, seam_repair)
+        return cls(tuple(policies), tokenizer, strict, max_sessions, seam_repair, behind_router, routing_header)
 
     def replace(self, **changes: Any) -> LeylineOptions:
         """These options with ``changes`` (validated again)."""
@@ -55,6 +69,8 @@ class LeylineOptions:
             "strict": self.strict,
             "max_sessions": self.max_sessions,
             "seam_repair": self.seam_repair,
+            "behind_router": self.behind_router,
+            "routing_header": self.routing_header,
         }
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import openai
 
 from leyline_sdk.blocks import Blocks
+from leyline_sdk.gateway import DEFAULT_ROUTING_HEADER, Gateway
 from leyline_sdk.renderer import LeylineProbe
 from leyline_sdk.routes import LeylineRoutes
 from leyline_sdk.session import LeylineSession
@@ -91,19 +92,34 @@ class ClientState:
     """Sessions, blocks and the Leyline probe of one client and the copies that share them.
 
     ``key`` is the (base URL, API key) it serves; a copy with another key gets a new state.
+    ``behind_router`` / ``routing_header``: see :mod:`leyline_sdk.gateway` (the probe holds the mode).
     """
 
-    def __init__(self, routes: LeylineRoutes, key: tuple[str, str], max_sessions: int = 256) -> None:
+    def __init__(
+        self,
+        routes: LeylineRoutes,
+        key: tuple[str, str],
+        max_sessions: int = 256,
+        behind_router: bool = False,
+        routing_header: str = DEFAULT_ROUTING_HEADER,
+    ) -> None:
         self.key = key
         self.registry = SessionRegistry(max_sessions)
-        self.probe = LeylineProbe(routes)
+        gateway = Gateway(routing_header, "a gateway (behind_router=True)") if behind_router else None
+        self.probe = LeylineProbe(routes, base_url=key[0], routing_header=routing_header, gateway=gateway)
         self.blocks = Blocks(routes)
 
     @classmethod
     def share(
-        cls, parent: ClientState | None, routes: LeylineRoutes, key: tuple[str, str], max_sessions: int
+        cls,
+        parent: ClientState | None,
+        routes: LeylineRoutes,
+        key: tuple[str, str],
+        max_sessions: int,
+        behind_router: bool = False,
+        routing_header: str = DEFAULT_ROUTING_HEADER,
     ) -> ClientState:
         """``parent`` if it serves ``key`` (a copy of a client), else a new state."""
         if parent is not None and parent.key == key:
             return parent
-        return cls(routes, key, max_sessions)
+        return cls(routes, key, max_sessions, behind_router, routing_header)

@@ -18,11 +18,13 @@ retries and errors).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import openai
 
+from leyline_sdk.gateway import DEFAULT_ROUTING_HEADER, Gateway, detect_router
 from leyline_sdk.incremental import IncrementalRenderer
 from leyline_sdk.rendering import ChatTokenizer, HFChatTokenizer, RenderedConversation, Span
 from leyline_sdk.routes import LeylineRoutes
@@ -44,21 +46,46 @@ class Renderer(Protocol):
 
 
 class LeylineProbe:
-    """Whether the server speaks Leyline: asked once (``POST /leyline/tokenize``), then remembered."""
+    """Whether the server speaks Leyline: asked once (``POST /leyline/tokenize``), then remembered.
 
-    def __init__(self, routes: LeylineRoutes, known: bool | None = None) -> None:
+    ``gateway`` is set when requests pass a gateway that does not proxy Leyline's routes
+    (``behind_router=True``, or SGLang's router detected after a 404: ``leyline_sdk.gateway``);
+    the server then counts as speaking Leyline, through ``/v1/chat/completions`` alone.
+    """
+
+    def __init__(
+        self,
+        routes: LeylineRoutes,
+        known: bool | None = None,
+        base_url: str = "",
+        routing_header: str = DEFAULT_ROUTING_HEADER,
+        gateway: Gateway | None = None,
+    ) -> None:
         self.routes = routes
-        self.known = known
+        self.known = True if gateway is not None else known
+        self.base_url = base_url
+        self.routing_header = routing_header
+        self.gateway = gateway
+        self._detected = gateway is not None
+        self._detecting = asyncio.Lock()  # concurrent first turns wait for one detection
+
+    async def not_found(self) -> None:
+        """A Leyline route answered 404: a router in front (gateway mode, logged once) or no Leyline."""
+        async with self._detecting:  # uncontended (the blocking client's case) it never suspends
+            if not self._detected:
+                self._detected = True
+                self.gateway = await detect_router(self.routes, self.base_url, self.routing_header)
+            self.known = self.gateway is not None
 
     async def available(self) -> bool:
-        """``True`` if the server has the Leyline routes (probed on first call)."""
+        """``True`` if the server has the Leyline routes (probed on first call) or is behind a router."""
         if self.known is None:
             try:
                 await self.routes.post(TOKENIZE_PATH, {"messages": [{"role": "user", "content": ""}]})
                 self.known = True
             except openai.NotFoundError:
-                self.known = False
-        return self.known
+                await self.not_found()
+        return bool(self.known)
 
 
 class LocalRenderer:
@@ -89,14 +116,14 @@ class ServerRenderer:
     async def render(
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
     ) -> RenderedConversation | None:
-        """The server's rendering, or ``None`` if it does not speak Leyline."""
-        if self.probe.known is False:
+        """The server's rendering, or ``None`` if it does not speak Leyline (or cannot be reached for it)."""
+        if self.probe.known is False or self.probe.gateway is not None:
             return None
         body = {"messages": list(messages), "tools": list(tools) if tools else None, "add_generation_prompt": True}
         try:
             r = await self.routes.post(TOKENIZE_PATH, body)
         except openai.NotFoundError:
-            self.probe.known = False
+            await self.probe.not_found()
             return None
         self.probe.known = True
         return RenderedConversation.model_construct(

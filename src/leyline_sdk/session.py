@@ -34,6 +34,7 @@ relies on: the server checks the base each request names, and reports a mismatch
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -45,6 +46,7 @@ from leyline_sdk.diff import diff_to_directives
 from leyline_sdk.directives import Directive, Mode, apply, digest
 from leyline_sdk.edits import Edit
 from leyline_sdk.fallback import SpliceFallbackError
+from leyline_sdk.gateway import Gateway
 from leyline_sdk.policy_run import EditReport, run_policies
 from leyline_sdk.renderer import Renderer
 from leyline_sdk.rendering import RenderedConversation
@@ -110,6 +112,13 @@ class LeylineSession:
         self._unrecorded: _Turn | None = None  # a turn sent with the extension, not recorded yet
         self._abandoned: list[str] = []  # server sessions a strict refusal left, to delete
         self._on_use = on_use
+        self.routing_key = f"leyline-{uuid.uuid4().hex}"  # its routing header's value behind a gateway
+
+    @property
+    def gateway(self) -> Gateway | None:
+        """The gateway this session's requests pass (``leyline_sdk.gateway``), else ``None``."""
+        probe = getattr(self.renderer, "probe", None)
+        return getattr(probe, "gateway", None)
 
     # -- state ------------------------------------------------------------------------------------
     def _adopt(
@@ -242,6 +251,9 @@ class LeylineSession:
         directives = with_repair(directives, self.seam_repair)
         if not self._block_indices:
             return directives
+        if self.gateway is not None:  # /leyline/blocks is out of reach: the block message is prefilled
+            turn.block_fallback = "gateway"
+            return directives
         k = len(self._seen)  # new block messages come after the messages the server has seen
         floor = prompt.message_spans[k - 1].end if k else 0
         placement = await place_blocks(
@@ -272,11 +284,14 @@ class LeylineSession:
         self.history = messages
         if self._on_use is not None:
             self._on_use(self)
-        while self._abandoned:
+        while self._abandoned and self.gateway is None:
             await session_ops.delete(self.routes, self._abandoned.pop(), quiet=True)
         if self._unrecorded is not None:
             sent, self._unrecorded = self._unrecorded, None
-            await session_ops.resync(self, sent)
+            if self.gateway is None:
+                await session_ops.resync(self, sent)
+            else:  # the session route is out of reach: the next request sends no directives
+                self._forget_base()
         turn = await self._prepare(tools)
         turn.started = started
         self._unrecorded = turn if turn.extension is not None else None
@@ -337,7 +352,8 @@ class LeylineSession:
 
         Returns the stats of the splice, or ``None`` when there is nothing to send. A server that
         no longer knows the session is reported as ``fallback == "session_not_found"``; the next
-        ``create`` then opens a new one.
+        ``create`` then opens a new one. Behind a gateway (``self.gateway``) nothing is sent: the
+        next turn carries these edits as directives.
         """
         return await session_ops.splice_now(self, tools)
 
@@ -369,8 +385,11 @@ class LeylineSession:
         return n if all(a == b for a, b in zip(messages, self.history, strict=False)) else 0
 
     async def aclose(self) -> None:
-        """Delete the server-side session (a cache handle; a 404 is fine) and forget its base."""
+        """Delete the server-side session (a cache handle; a 404 is fine) and forget its base.
+
+        Behind a gateway the delete route is out of reach: the server's idle limit drops it.
+        """
         session_id, self.session_id = self.session_id, None
         self._forget_base()
-        if session_id is not None:
+        if session_id is not None and self.gateway is None:
             await session_ops.delete(self.routes, session_id)

@@ -35,8 +35,8 @@ __all__ = ["splice_now", "resync", "refused", "delete"]
 
 
 async def splice_now(session: LeylineSession, tools: Sequence[Mapping[str, Any]] | None) -> TurnStats | None:
-    """``session.sync_edits(tools)``: see there."""
-    if session.session_id is None:
+    """``session.sync_edits(tools)``: see there (behind a gateway: left to the next turn)."""
+    if session.session_id is None or session.gateway is not None:
         return None
     started = time.perf_counter()
     if session._on_use is not None:

@@ -83,3 +83,12 @@ def test_a_wrong_base_url_is_one_line_not_a_traceback():
         out = run("openai_drop_in.py", "--base-url", url, timeout=120)  # forgot the /v1
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert "does the URL end in /v1?" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_cluster_demo_moves_a_stopped_replicas_sessions():
+    out = run("cluster.py", "--agents", "6", "--turns", "6", timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("(stopped)") == 1 and "6 agents finished 36 turns, no error" in out.stdout
+    moved = re.search(r"(\d+) sessions moved \(base_mismatch\)", out.stdout)
+    assert moved and int(moved[1]) >= 1
+    assert "then spliced again: True" in out.stdout

@@ -8,6 +8,7 @@ read directly, for where a conversation lives.
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import time
@@ -16,6 +17,11 @@ import httpx
 import openai
 import pytest
 
+from examples.trace import SYSTEM, TASK, TOOLS, agent_turn
+from leyline_policies import TruncateOlderThanN
+from leyline_sdk import HFChatTokenizer, Leyline
+from leyline_sdk.gateway import SGLANG_ROUTER
+from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
 from tests.e2e.server_helpers import free_port, make_service, running_server
 from tests.e2e.test_gateway_carrier import KEY, two_turns
 
@@ -100,3 +106,25 @@ async def test_the_router_does_not_proxy_leyline_routes(cluster):
     async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {KEY}"}) as http:
         r = await http.post("/v1/leyline/tokenize", json={"messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 404
+
+
+def test_a_blocking_client_finds_the_router_and_splices_through_it(cluster, caplog):
+    """No ``behind_router``: the 404 on ``/v1/leyline/tokenize`` and the router's own answer switch it."""
+    url, replicas = cluster
+    caplog.set_level(logging.WARNING, logger="leyline_sdk")
+    client = Leyline(
+        base_url=url + "/v1",
+        api_key=KEY,
+        policies=[TruncateOlderThanN(2)],
+        tokenizer=HFChatTokenizer(load_tiny_tokenizer()),
+    )
+    messages = [SYSTEM, TASK]
+    for turn in range(5):
+        client.chat.completions.create(model="tiny-mla", messages=messages, tools=TOOLS, max_tokens=2)
+        messages += agent_turn(turn)
+    (session,) = client.sessions
+    assert client.gateway is not None and client.gateway.routing_header == ROUTING
+    assert [r.getMessage().startswith(SGLANG_ROUTER) for r in caplog.records] == [True]  # said once
+    assert all(s.fallback is None for s in session.stats) and session.stats[-1].rotated_tokens > 0
+    assert len(holders(replicas, session.session_id)) == 1
+    client.close()
