@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from leyline_server.engines.base import SHARED, Constraint, SamplingParams
+from leyline_server.engines.config import EngineConfig
 from leyline_server.engines.factory import build_engine
 from leyline_server.engines.logits import Processors
 
@@ -69,7 +70,9 @@ def mask_only(engine: Any, constraint: Constraint, tokens: list[int]) -> float:
 
 def run(name: str, steps: int, repeat: int) -> str:
     """One table row for engine ``name``."""
-    engine, tokenizer = build_engine(name, "smollm2-135m", kv_budget_mb=256, max_context_tokens=2048)
+    engine, tokenizer = build_engine(
+        EngineConfig(engine=name, model="smollm2-135m", kv_budget_mb=256, context_length=2048)
+    )
     ids = tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=True)
     ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
     constraint = Constraint(kind="json_schema", value=json.dumps(SCHEMA))

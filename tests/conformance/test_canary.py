@@ -30,15 +30,16 @@ BACKENDS = [
 
 
 def _build(engine: str, model: str) -> Any:
+    from leyline_server.engines.config import EngineConfig
     from leyline_server.engines.factory import build_engine
 
     name, layers = MODELS[model]
     if engine != "sglang":
-        return build_engine(engine, name, kv_budget_mb=16.0, preset_layers=layers)[0]
+        return build_engine(EngineConfig(engine=engine, model=name, kv_budget_mb=16.0, preset_layers=layers))[0]
     from tests.sglang.cpu_server import CPU_FLAGS, checkpoint
 
     argv = ["--model-path", str(checkpoint(name, layers)), *CPU_FLAGS, "--max-total-tokens", "4096"]
-    return build_engine("sglang", name, engine_args=argv)[0]
+    return build_engine(EngineConfig(engine="sglang", model=name, engine_args=tuple(argv)))[0]
 
 
 @pytest.fixture(scope="module", params=BACKENDS)

@@ -343,7 +343,8 @@ class LlamaCppEngine:
         """Compare staged layer-0 keys at ``positions`` with the model's own keys for ``tokens``."""
         if not positions:
             return CanaryResult(False)
-        positions = list(positions)[: len(CANARY_SEQS)]
+        n = min(len(positions), len(CANARY_SEQS))  # one reference sequence per checked row
+        positions, tokens = list(positions)[:n], list(tokens)[:n]
         expected = reference_keys(self.cache, positions, tokens, CANARY_SEQS)  # before landing: a short pool
         land(self.cache, stage)
         actual = staged_keys(self.cache, stage.entry.seq, positions, COPY)
