@@ -78,7 +78,8 @@ def holders(replicas, session_id: str) -> list[str]:
 
 async def test_a_splice_through_the_router_applies_on_the_pinned_replica(cluster):
     url, replicas = cluster
-    first, second = await two_turns(routed(url, "agent-1"), replicas[0], "metadata")
+    async with routed(url, "agent-1") as client:
+        first, second = await two_turns(client, replicas[0], "metadata")
     ext = second.leyline
     assert ext["session_id"] == first.leyline["session_id"] is not None
     assert ext["applied"] and ext["fallback"] is None and ext["rotated_tokens"] > 0, ext
@@ -90,12 +91,13 @@ async def test_each_routing_key_stays_on_one_replica(cluster):
     placement: dict[str, set[str]] = {}
     for key in [f"agent-{i}" for i in range(6)]:
         for _ in range(3):
-            reply = await routed(url, key).chat.completions.create(
-                model="tiny-mla",
-                messages=[{"role": "user", "content": f"task {key}"}],
-                max_tokens=1,
-                extra_body={"metadata": {"leyline": "{}"}},
-            )
+            async with routed(url, key) as client:
+                reply = await client.chat.completions.create(
+                    model="tiny-mla",
+                    messages=[{"role": "user", "content": f"task {key}"}],
+                    max_tokens=1,
+                    extra_body={"metadata": {"leyline": "{}"}},
+                )
             placement.setdefault(key, set()).update(holders(replicas, reply.leyline["session_id"]))
     assert all(len(where) == 1 for where in placement.values()), placement
 
