@@ -170,6 +170,8 @@ def plan_constraint(
             "tool_choice" if tools.forced else output[2],
         )
     layout = call_layout(chat)
+    if layout is None and output is None and not (tools.forced or tools.restricted):
+        return None  # ``auto`` with strict functions: strict cannot be enforced here (docs/design.md §7)
     if layout is None:
         raise APIError(
             400,
