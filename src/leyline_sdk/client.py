@@ -45,6 +45,7 @@ context, and no ``leyline`` field is sent.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -156,6 +157,12 @@ class _LeylineParts:
         super()._validate_headers(headers, custom_headers)  # type: ignore[misc]
 
 
+def _no_key_needed() -> dict[str, Any]:
+    """openai's switch for a client without an API key, where this openai version has one."""
+    accepted = inspect.signature(openai.AsyncOpenAI.__init__).parameters
+    return {"_enforce_credentials": False} if "_enforce_credentials" in accepted else {}
+
+
 class AsyncLeyline(_LeylineParts, openai.AsyncOpenAI):
     """``openai.AsyncOpenAI`` with Leyline sessions; see the module docstring.
 
@@ -184,9 +191,7 @@ class AsyncLeyline(_LeylineParts, openai.AsyncOpenAI):
         )
         kwargs.pop("_enforce_credentials", None)
         base_url, api_key = connection(base_url, api_key, DEFAULT_BASE_URL)
-        super().__init__(
-            base_url=base_url, api_key=api_key, max_retries=max_retries, _enforce_credentials=False, **kwargs
-        )
+        super().__init__(base_url=base_url, api_key=api_key, max_retries=max_retries, **_no_key_needed(), **kwargs)
         self._setup(options, _leyline_state, AsyncRoutes(self))
 
     if not TYPE_CHECKING:  # type checkers see openai's overloads
@@ -281,9 +286,7 @@ class Leyline(_LeylineParts, openai.OpenAI):
         )
         kwargs.pop("_enforce_credentials", None)
         base_url, api_key = connection(base_url, api_key, DEFAULT_BASE_URL)
-        super().__init__(
-            base_url=base_url, api_key=api_key, max_retries=max_retries, _enforce_credentials=False, **kwargs
-        )
+        super().__init__(base_url=base_url, api_key=api_key, max_retries=max_retries, **_no_key_needed(), **kwargs)
         self._setup(options, _leyline_state, SyncRoutes(self))
 
     if not TYPE_CHECKING:
