@@ -7,7 +7,6 @@ Oracles: the same request with the fields left out (``null`` must mean "unset"),
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -136,7 +135,6 @@ async def test_text_parts_are_joined_as_before(server):
     assert r.json()["choices"][0] == whole
 
 
-@pytest.mark.skipif(importlib.util.find_spec("sglang_router") is None, reason="sglang-router is not installed")
 def test_through_sglangs_router(server):
     """SGLang's router in front of the server: its rewritten requests are answered like direct ones."""
     port, metrics = free_port(), free_port()
