@@ -66,6 +66,7 @@ class Turn:
     prefilled: int
     ttft: float
     e2e: float
+    fallback: str | None = None
 
 
 async def _plain_turn(
@@ -115,19 +116,21 @@ def reasoning_trace(seed: int, turns: int) -> Trace:
     return Trace([traces.messages_at(steps, t) for t in range(len(steps))], traces.TOOLS)
 
 
-async def _replay_plain(url: str, model: str, trace: Trace) -> list[Turn]:
-    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+async def replay_plain(url: str, model: str, trace: Trace, headers: dict[str, str] | None = None) -> list[Turn]:
+    """One session through a plain OpenAI client, the policy applied client-side (``headers`` on every request)."""
     policy, sticky, out = TruncateOlderThanN(2), {}, []
-    for i, messages in enumerate(trace.requests):
-        effective, sticky, _ = run_policies(messages, [policy], trace.tools, sticky=sticky)
-        prompt, cached, prefilled, ttft, e2e = await _plain_turn(client, model, effective, trace.tools)
-        out.append(Turn(i == 0, prompt, cached, prefilled, ttft, e2e))
+    async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, default_headers=headers) as client:
+        for i, messages in enumerate(trace.requests):
+            effective, sticky, _ = run_policies(messages, [policy], trace.tools, sticky=sticky)
+            prompt, cached, prefilled, ttft, e2e = await _plain_turn(client, model, effective, trace.tools)
+            out.append(Turn(i == 0, prompt, cached, prefilled, ttft, e2e))
     return out
 
 
-async def _replay_leyline(url: str, model: str, trace: Trace) -> list[Turn]:
+async def replay_leyline(url: str, model: str, trace: Trace, **options: Any) -> list[Turn]:
+    """One session through :class:`AsyncLeyline` (``options``: more constructor arguments)."""
     out = []
-    async with AsyncLeyline(base_url=url + "/v1", policies=[TruncateOlderThanN(2)]) as client:
+    async with AsyncLeyline(base_url=url + "/v1", policies=[TruncateOlderThanN(2)], **options) as client:
         session = client.session(tools=trace.tools)
         for i, messages in enumerate(trace.requests):
             started = time.perf_counter()
@@ -141,7 +144,7 @@ async def _replay_leyline(url: str, model: str, trace: Trace) -> list[Turn]:
             s = session.stats[-1]
             cached = s.reused_tokens + s.rotated_tokens
             out.append(Turn(i == 0, s.prompt_tokens, cached, s.prefilled_tokens, ttft or 0.0,
-                            time.perf_counter() - started))  # fmt: skip
+                            time.perf_counter() - started, s.fallback))  # fmt: skip
     return out
 
 
@@ -167,7 +170,7 @@ async def run_arm(arm: str, url: str, model: str, sessions: list[Trace], concurr
 
     async def one(trace: Trace) -> list[Turn]:
         async with gate:
-            replay = _replay_leyline if arm == "leyline" else _replay_plain
+            replay = replay_leyline if arm == "leyline" else replay_plain
             return await replay(url, model, trace)
 
     results = await asyncio.gather(*(one(t) for t in sessions))

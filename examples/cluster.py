@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,15 +55,20 @@ def wait_until(check: Any, what: str, timeout_s: float = 120.0) -> None:
 
 
 @contextlib.contextmanager
-def replicas(n: int, model: str) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
-    """``n`` ``leyline-server`` processes on loopback ports: base URL → process (stopped at the end)."""
+def replicas(
+    n: int, model: str, extra: Sequence[str] = ("--kv-budget-mb", "64"), env: Mapping[str, str] | None = None
+) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
+    """``n`` ``leyline-server`` processes on loopback ports: base URL → process (stopped at the end).
+
+    ``extra``: more server arguments; ``env``: the processes' environment (default: this one's).
+    """
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         for _ in range(n):
             port = free_port()
-            args = ["--model-path", model, "--port", str(port), "--kv-budget-mb", "64", "--log-level", "warning"]
+            args = ["--model-path", model, "--port", str(port), "--log-level", "warning", *extra]
             procs[f"http://127.0.0.1:{port}"] = subprocess.Popen(
-                [sys.executable, "-c", SERVER, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                [sys.executable, "-c", SERVER, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
             )
         for url in procs:
             wait_until(lambda url=url: httpx.get(url + "/health").status_code == 200, f"replica {url}")
@@ -76,12 +81,13 @@ def replicas(n: int, model: str) -> Iterator[dict[str, subprocess.Popen[bytes]]]
 
 
 @contextlib.contextmanager
-def router(workers: list[str], model: str) -> Iterator[str]:
-    """SGLang's router (``manual`` policy, health checked every second) in front of ``workers``."""
+def router(workers: list[str], model: str, policy: str = "manual", api_key: str | None = None) -> Iterator[str]:
+    """SGLang's router (``policy``, health checked every second, no router-side retries) in front of
+    ``workers``; yields its URL once a chat completion for ``model`` passes it (``api_key`` sent)."""
     port = free_port()
-    args = ["--policy", "manual", "--worker-urls", *workers, "--host", "127.0.0.1", "--port", str(port)]
+    args = ["--policy", policy, "--worker-urls", *workers, "--host", "127.0.0.1", "--port", str(port)]
     args += ["--prometheus-port", str(free_port()), "--disable-retries", "--log-level", "warn"]
-    args += ["--health-check-interval-secs", "1", "--health-failure-threshold", "1"]
+    args += ["--health-check-interval-secs", "1", "--health-failure-threshold", "1", "--health-check-timeout-secs", "2"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "sglang_router.launch_router", *args],
         stdout=subprocess.DEVNULL,
@@ -89,8 +95,13 @@ def router(workers: list[str], model: str) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    def passes() -> bool:
+        return httpx.post(url + "/v1/chat/completions", json=body, headers=auth, timeout=60).status_code == 200
+
     try:
-        wait_until(lambda: httpx.post(url + "/v1/chat/completions", json=body).status_code == 200, "the router")
+        wait_until(passes, "the router")
         yield url
     finally:
         proc.terminate()

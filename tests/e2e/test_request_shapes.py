@@ -7,16 +7,12 @@ Oracles: the same request with the fields left out (``null`` must mean "unset"),
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
-
 import httpx
 import openai
 import pytest
 
-from tests.e2e.server_helpers import free_port, make_service, running_server
+from examples.cluster import router
+from tests.e2e.server_helpers import make_service, running_server
 
 MODEL = "tiny-mla"
 ASK = [{"role": "user", "content": "Say something."}]
@@ -137,28 +133,12 @@ async def test_text_parts_are_joined_as_before(server):
 
 def test_through_sglangs_router(server):
     """SGLang's router in front of the server: its rewritten requests are answered like direct ones."""
-    port, metrics = free_port(), free_port()
-    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--policy", "round_robin", "--worker-urls", server]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(metrics)]
-    router = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
-    try:
-        body = {"model": MODEL, "messages": ASK, "max_tokens": 8, "temperature": 0}
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                routed = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60)
-                if routed.status_code not in (502, 503):
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the router did not come up"
-            time.sleep(0.5)
-        direct = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=60)
-        assert routed.status_code == 200, routed.text
-        assert routed.json()["choices"][0] == direct.json()["choices"][0]
-    finally:
-        router.terminate()
-        router.wait(timeout=10)
+    body = {"model": MODEL, "messages": ASK, "max_tokens": 8, "temperature": 0}
+    with router([server], MODEL, "round_robin") as url:
+        routed = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+    direct = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=60)
+    assert routed.status_code == 200, routed.text
+    assert routed.json()["choices"][0] == direct.json()["choices"][0]
 
 
 async def test_continue_final_message_appends_the_message_to_the_generation_prompt(server):

@@ -9,20 +9,18 @@ read directly, for where a conversation lives.
 from __future__ import annotations
 
 import logging
-import subprocess
-import sys
-import time
 
 import httpx
 import openai
 import pytest
 
+from examples.cluster import router
 from examples.trace import SYSTEM, TASK, TOOLS, agent_turn
 from leyline_policies import TruncateOlderThanN
 from leyline_sdk import HFChatTokenizer, Leyline
 from leyline_sdk.gateway import SGLANG_ROUTER
 from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
-from tests.e2e.server_helpers import free_port, make_service, running_server
+from tests.e2e.server_helpers import make_service, running_server
 from tests.e2e.test_gateway_carrier import KEY, two_turns
 
 ROUTING = "X-SMG-Routing-Key"
@@ -33,37 +31,9 @@ def cluster():
     with (
         running_server(make_service(api_keys=frozenset({KEY}))) as a,
         running_server(make_service(api_keys=frozenset({KEY}))) as b,
+        router([a, b], "tiny-mla", "manual", api_key=KEY) as url,
     ):
-        port = free_port()
-        router = subprocess.Popen(
-            [sys.executable, "-m", "sglang_router.launch_router", "--policy", "manual", "--worker-urls", a, b]
-            + ["--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(free_port())]
-            + ["--disable-retries", "--log-level", "warn"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        url = f"http://127.0.0.1:{port}"
-        try:
-            _wait_for_workers(url)
-            yield url, (a, b)
-        finally:
-            router.terminate()
-            router.wait(timeout=30)
-
-
-def _wait_for_workers(url: str, timeout_s: float = 90.0) -> None:
-    """Until a chat completion passes the router (workers register in the background)."""
-    body = {"model": "tiny-mla", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        try:
-            r = httpx.post(url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"})
-            if r.status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"the router at {url} never passed a request to a worker")
+        yield url, (a, b)
 
 
 def routed(url: str, key: str) -> openai.AsyncOpenAI:

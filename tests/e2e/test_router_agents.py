@@ -17,20 +17,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 
+from examples.cluster import router
 from examples.trace import SYSTEM, TOOLS, agent_turn
 from leyline_policies import TruncateOlderThanN
 from leyline_sdk import AsyncLeyline, HFChatTokenizer
 from leyline_sdk.gateway import SGLANG_ROUTER
 from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
-from tests.e2e.server_helpers import free_port, make_service, running_server
+from tests.e2e.server_helpers import make_service, running_server
 
 AGENTS, TURNS, KILL_AFTER = 12, 6, 4  # 12 x 6 fit in about a minute on two cores
 MODEL = "tiny-mla"
@@ -42,38 +39,6 @@ def service() -> Any:
 
 def task(agent: int) -> dict[str, Any]:
     return {"role": "user", "content": f"Agent {agent}: find where module {agent} parses its configuration."}
-
-
-@contextlib.contextmanager
-def router(workers: list[str]) -> Iterator[str]:
-    """SGLang's router on a free port, ``manual`` policy, quick health checks, no router-side retries."""
-    port = free_port()
-    args = ["--policy", "manual", "--worker-urls", *workers, "--host", "127.0.0.1", "--port", str(port)]
-    args += ["--prometheus-port", str(free_port()), "--disable-retries", "--log-level", "warn"]
-    args += ["--health-check-interval-secs", "1", "--health-failure-threshold", "1", "--health-check-timeout-secs", "2"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sglang_router.launch_router", *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_for_workers(url)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
-def _wait_for_workers(url: str, timeout_s: float = 90.0) -> None:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.post(url + "/v1/chat/completions", json=body).status_code == 200:
-                return
-        time.sleep(0.5)
-    raise TimeoutError(f"the router at {url} never passed a request to a worker")
 
 
 def holders(replicas: list[str], session_id: str) -> list[str]:
@@ -135,7 +100,7 @@ async def test_agents_behind_the_router_stay_put_then_fail_over(caplog):
         replicas = [s.enter_context(running_server(service())) for s in stops]
         for s in stops:
             stack.callback(s.close)
-        url = stack.enter_context(router(replicas))
+        url = stack.enter_context(router(replicas, MODEL))
         client = AsyncLeyline(base_url=url + "/v1", policies=[TruncateOlderThanN(2)], tokenizer=tiny_chat())
         agents = [Agent(client, i) for i in range(AGENTS)]
 
