@@ -61,17 +61,25 @@ def local_service(
 
 
 @contextlib.contextmanager
-def serve_in_thread(service_or_app: Any, port: int | None = None, host: str = "127.0.0.1") -> Iterator[str]:
-    """Serve a ``LeylineService`` (or an ASGI app) until the block ends; yields the base URL."""
+def serve_in_thread(
+    service_or_app: Any, port: int | None = None, host: str = "127.0.0.1", sock: socket.socket | None = None
+) -> Iterator[str]:
+    """Serve a ``LeylineService`` (or an ASGI app) until the block ends; yields the base URL.
+
+    ``sock``: an already bound socket to serve on instead of ``host:port`` (closed at the end).
+    """
     import uvicorn
 
     from leyline_server.api.app import create_app
     from leyline_server.api.service import LeylineService
 
+    if sock is not None:
+        host, port = sock.getsockname()[:2]
     port = port or free_port()
     app = create_app(service_or_app) if isinstance(service_or_app, LeylineService) else service_or_app
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True, name="leyline-server")
+    sockets = {"sockets": [sock]} if sock is not None else {}
+    thread = threading.Thread(target=server.run, kwargs=sockets, daemon=True, name="leyline-server")
     thread.start()
     deadline = time.time() + 60
     while not server.started:
@@ -83,3 +91,5 @@ def serve_in_thread(service_or_app: Any, port: int | None = None, host: str = "1
     finally:
         server.should_exit = True
         thread.join(timeout=60)
+        if sock is not None:
+            sock.close()

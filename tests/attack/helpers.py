@@ -9,14 +9,13 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 
-from leyline_server.local import free_port, local_service
+from leyline_server.local import free_port, local_service, serve_in_thread
 
 MODEL = "tiny-gqa"  # the same weights on the embedded and the llama.cpp engine
 KEYS = ("key-a", "key-b")
@@ -40,30 +39,13 @@ def serve(svc: Any, send_buffer: int | None = None) -> Iterator[str]:
     then blocks the server's writes after ~100 KB instead of the ~4 MB Linux grows it to on
     loopback, as on a slow link.
     """
-    import uvicorn
-
-    from leyline_server.api.app import create_app
-
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if send_buffer is not None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)  # inherited by accepted sockets
     sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(svc), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.time() + 60
-    while not server.started:
-        if time.time() > deadline or not thread.is_alive():
-            raise RuntimeError("the server did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=60)
-        sock.close()
+    with serve_in_thread(svc, sock=sock) as url:
+        yield url
 
 
 class ServerProcess:
