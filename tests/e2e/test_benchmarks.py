@@ -30,6 +30,13 @@ TOY = {
         "--png",
         "",
     ],
+    "bench_router.py": [
+        *"--model tiny-mla --replicas 2 --sessions 2 --turns 2".split(),
+        "--policies",
+        "manual",
+        "--kv-budget-mb",
+        "64",
+    ],
 }
 REAL = {
     "bench_agreement.py": ["--conversations", "1", "--edits", "1", "--edit-cases", "1", "--facts", "1", "--png", ""],
