@@ -14,7 +14,8 @@ owns it). It implements :class:`~leyline_server.engines.base.SpliceBackend`:
   copied through the state API and moved; ``commit`` re-describes the sequence; ``abort`` cuts it
   back to ``keep`` (the old handle then re-prefills its tail when used again);
 * ``canary`` reads rotated layer-0 keys back through the state API and compares them with the
-  keys of the same tokens decoded alone at the same positions (layer-0 keys depend on nothing else);
+  keys of the same tokens decoded alone at the same positions (layer-0 keys depend on nothing else),
+  computed by a small second context that stops after layer 0 (:mod:`.canary`);
 * ``decode`` — llama.cpp's sampler chain over the kept logits rows, one token per ``next()``.
 """
 
@@ -39,10 +40,11 @@ from leyline_server.engines.base import (
 )
 from leyline_server.engines.config import context_window
 from leyline_server.engines.llamacpp.cache import Entry, SequenceCache
+from leyline_server.engines.llamacpp.canary import run_canary, verified_probe
 from leyline_server.engines.llamacpp.lib import ContextConfig, LlamaContext, LlamaModel, TokenSampler, logprobs
 from leyline_server.engines.llamacpp.parking import ParkingPolicy, focus
 from leyline_server.engines.llamacpp.shift import verified_shifter
-from leyline_server.engines.llamacpp.stage import Stage, land, move_block, prepare, reference_keys, staged_keys
+from leyline_server.engines.llamacpp.stage import Stage, land, move_block, prepare
 from leyline_server.engines.logits import Processors
 
 __all__ = ["LlamaCppEngine", "SeqHandle", "CANARY_TOLERANCE", "SCRATCH", "COPY", "CANARY_SEQS"]
@@ -119,6 +121,8 @@ class LlamaCppEngine:
         shiftable = self.ctx.can_shift
         # moves through the state API (cost follows the moved cells) where the check passes
         self.shifter = verified_shifter(model, self.ctx, CANARY_SEQS[:2], self.canary_tolerance) if shiftable else None
+        # the canary's reference keys from a context that stops after layer 0, where it agrees exactly
+        self.probe = verified_probe(model, self.cache, CANARY_SEQS) if shiftable else None
         capacity = self.ctx.n_ctx
         self._info = ModelInfo(
             name=name,
@@ -148,7 +152,9 @@ class LlamaCppEngine:
         return dropped
 
     def close(self) -> None:
-        """Free the context and the model."""
+        """Free the contexts and the model."""
+        if self.probe is not None:
+            self.probe.close()
         self.ctx.close()
         self.model.close()
 
@@ -341,17 +347,7 @@ class LlamaCppEngine:
 
     def canary(self, stage: Stage, positions: Sequence[int], tokens: Sequence[int]) -> CanaryResult:
         """Compare staged layer-0 keys at ``positions`` with the model's own keys for ``tokens``."""
-        if not positions:
-            return CanaryResult(False)
-        n = min(len(positions), len(CANARY_SEQS))  # one reference sequence per checked row
-        positions, tokens = list(positions)[:n], list(tokens)[:n]
-        expected = reference_keys(self.cache, positions, tokens, CANARY_SEQS)  # before landing: a short pool
-        land(self.cache, stage)
-        actual = staged_keys(self.cache, stage.entry.seq, positions, COPY)
-        if expected is None or actual is None:
-            return CanaryResult(False)
-        error = float(np.abs(actual - expected).max()) / max(float(np.abs(expected).max()), 1e-6)
-        return CanaryResult(True, error, self.canary_tolerance)
+        return run_canary(self.cache, self.probe, stage, positions, tokens, self.canary_tolerance, CANARY_SEQS, COPY)
 
     def commit(self, stage: Stage, tokens: Sequence[int], exact: int, previous: Handle) -> SeqHandle:
         """Describe the staged sequence as ``tokens`` under ``previous``'s scope; ``previous`` is consumed."""
@@ -394,13 +390,9 @@ class LlamaCppEngine:
         """Tests: the handle's sequence holds exactly positions ``[0, cached)`` (or, parked, none)."""
         entry = _entry(handle)
         cached = entry.cached if entry is not None else 0
-        if entry is not None and not entry.resident:
-            if self.ctx.pos_max(entry.seq) != -1:
-                raise AssertionError(f"parked sequence {entry.seq} still holds cells")
-            if handle.cached != entry.cached:
-                raise AssertionError(f"handle says {handle.cached} cached tokens, the parked entry {entry.cached}")
-            return
-        if entry is not None and self.ctx.pos_max(entry.seq) != cached - 1:
-            raise AssertionError(f"sequence {entry.seq} ends at {self.ctx.pos_max(entry.seq)}, expected {cached - 1}")
         if handle.cached != cached:
             raise AssertionError(f"handle says {handle.cached} cached tokens, the entry {cached}")
+        if entry is not None:
+            end = cached - 1 if entry.resident else -1  # a parked sequence holds no cells
+            if self.ctx.pos_max(entry.seq) != end:
+                raise AssertionError(f"sequence {entry.seq} ends at {self.ctx.pos_max(entry.seq)}, expected {end}")

@@ -139,7 +139,8 @@ class ContextConfig:
 class LlamaContext:
     """One llama.cpp context with a unified KV pool (every sequence shares ``n_ctx`` cells)."""
 
-    def __init__(self, model: LlamaModel, config: ContextConfig) -> None:
+    def __init__(self, model: LlamaModel, config: ContextConfig, eval_callback: Any = None) -> None:
+        """``eval_callback``: llama.cpp's ``cb_eval`` (a ``ggml_backend_sched_eval_callback``), kept alive here."""
         if not 1 <= config.n_seq_max <= L.llama_max_parallel_sequences():
             raise ValueError(f"n_seq_max must lie in [1, {L.llama_max_parallel_sequences()}]")
         params = L.llama_context_default_params()
@@ -152,6 +153,9 @@ class LlamaContext:
         params.type_k = params.type_v = KV_TYPES[config.kv_type]
         params.flash_attn_type = {None: -1, False: 0, True: 1}[config.flash_attn]
         params.no_perf = True
+        if eval_callback is not None:
+            params.cb_eval = eval_callback
+        self._eval_callback = eval_callback
         self.model = model
         self.config = config
         self.ptr = L.llama_init_from_model(model.ptr, params)

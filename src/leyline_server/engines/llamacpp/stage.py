@@ -2,8 +2,7 @@
 
 * :func:`prepare` — drop every base cell the plan does not keep, move the kept runs;
 * :func:`land` — put moved cells that were lifted out of the pool back, at their new positions;
-* :func:`move_block` — a copy of another entry's cells (a block), moved to where it lands;
-* :func:`reference_keys`, :func:`staged_keys` — the canary's two sides.
+* :func:`move_block` — a copy of another entry's cells (a block), moved to where it lands.
 
 Moving goes through a :class:`~.shift.KeyShifter` when the engine has one: the moving cells are
 serialised, removed from the pool and repositioned in host memory (new positions, keys rotated),
@@ -27,9 +26,9 @@ from leyline_sdk.directives import KeptRun
 from leyline_server.engines.base import CapacityError, Handle
 from leyline_server.engines.llamacpp.cache import Entry, SequenceCache
 from leyline_server.engines.llamacpp.shift import KeyShifter
-from leyline_server.engines.llamacpp.state import StateBlob, layer0_keys
+from leyline_server.engines.llamacpp.state import StateBlob
 
-__all__ = ["Stage", "prepare", "land", "move_block", "reference_keys", "staged_keys"]
+__all__ = ["Stage", "prepare", "land", "move_block"]
 
 PARKED = 1 << 30  # runs are parked this far out while moving, so that no two ranges ever overlap
 
@@ -178,44 +177,3 @@ def _reposition(cache: SequenceCache, stage: Stage, scratch: int, shift: int) ->
         if not cache.make_room((stage.entry,)):
             raise CapacityError(f"no room to place {state.cells} KV cells")
     return True
-
-
-def reference_keys(
-    cache: SequenceCache, positions: Sequence[int], tokens: Sequence[int], references: Sequence[int]
-) -> np.ndarray | None:
-    """The model's own layer-0 keys of ``tokens`` at ``positions`` (the first ``len(references)``), or ``None``.
-
-    Each token is decoded alone in an empty sequence at its position (empty sequences accept any
-    start; layer-0 keys depend on nothing else), which also applies pending ``seq_add``
-    re-rotations. ``None`` when the state format cannot be read (the canary is then unavailable).
-    """
-    ctx = cache.ctx
-    pairs = list(zip(positions, tokens, strict=True))[: len(references)]
-    try:
-        for ref in references:
-            ctx.seq_rm(ref)
-        cache.decode_batch([(references[i], t, p) for i, (p, t) in enumerate(pairs)], want_logits=False)
-        return np.stack([layer0_keys(ctx.state_get(references[i]))[1][0] for i in range(len(pairs))])
-    except ValueError:
-        return None
-    finally:
-        for ref in references:
-            ctx.seq_rm(ref)
-
-
-def staged_keys(cache: SequenceCache, seq: int, positions: Sequence[int], scratch: int) -> np.ndarray | None:
-    """The layer-0 keys ``seq`` holds at ``positions``, read back through the state API (or ``None``)."""
-    ctx = cache.ctx
-    try:
-        ctx.seq_rm(scratch)
-        for p in positions:
-            ctx.seq_cp(seq, scratch, p, p + 1)
-        cell_pos, rows = layer0_keys(ctx.state_get(scratch))
-    except ValueError:
-        return None
-    finally:
-        ctx.seq_rm(scratch)
-    by_pos = {int(p): rows[i] for i, p in enumerate(cell_pos)}
-    if any(p not in by_pos for p in positions):
-        return None
-    return np.stack([by_pos[p] for p in positions])
