@@ -234,10 +234,11 @@ class LlamaContext:
         """Bytes :meth:`state_get` would return for ``seq``."""
         return int(L.llama_state_seq_get_size(self.ptr, seq))
 
-    def state_get(self, seq: int, into: np.ndarray | None = None) -> np.ndarray:
+    def state_get(self, seq: int, into: np.ndarray | None = None, size: int | None = None) -> np.ndarray:
         """``seq``'s cells serialised (positions, every layer's K and V) into a new uint8 array, or
-        into the front of ``into`` when it is large enough (a view of it is returned)."""
-        n = L.llama_state_seq_get_size(self.ptr, seq)
+        into the front of ``into`` when it is large enough (a view of it is returned). ``size``:
+        :meth:`state_size` of ``seq`` when the caller has it (computing it walks the cells again)."""
+        n = L.llama_state_seq_get_size(self.ptr, seq) if size is None else size
         if into is not None and into.nbytes >= n:
             buf = into[:n]
         else:

@@ -112,7 +112,8 @@ def _lift(cache: SequenceCache, stage: Stage, moving: list[KeptRun]) -> bool:
     ctx.seq_rm(scratch)
     for run in moving:
         ctx.seq_cp(seq, scratch, run.old_start, run.old_end)
-    data = ctx.state_get(scratch, cache.lift_buffer(ctx.state_size(scratch)))
+    size = ctx.state_size(scratch)
+    data = ctx.state_get(scratch, cache.lift_buffer(size), size)
     ctx.seq_rm(scratch)
     try:
         state = StateBlob.parse(data)
