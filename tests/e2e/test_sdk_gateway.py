@@ -8,6 +8,7 @@ the caller's own metadata, and give each session one stable routing key of its o
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import httpx
 
@@ -24,21 +25,22 @@ def carried(request: httpx.Request) -> dict:
     return json.loads(request.content)
 
 
-async def test_gateway_mode_uses_only_chat_completions_and_one_key_per_session():
-    seen: list[httpx.Request] = []
+def gateway_client(url: str, seen: list[httpx.Request], blocking: bool = False, **options: Any) -> Any:
+    """A client behind a gateway at ``url`` (the tiny tokenizer renders) that records every request in ``seen``."""
+    common = {"base_url": url + "/v1", "tokenizer": HFChatTokenizer(load_tiny_tokenizer()), "behind_router": True}
+    if blocking:
+        return Leyline(**common, http_client=httpx.Client(event_hooks={"request": [seen.append]}), **options)
 
     async def record(request: httpx.Request) -> None:
         seen.append(request)
 
+    return AsyncLeyline(**common, http_client=httpx.AsyncClient(event_hooks={"request": [record]}), **options)
+
+
+async def test_gateway_mode_uses_only_chat_completions_and_one_key_per_session():
+    seen: list[httpx.Request] = []
     with running_server(make_service(kv_budget_mb=32)) as url:
-        client = AsyncLeyline(
-            base_url=url + "/v1",
-            policies=[TruncateOlderThanN(2)],
-            tokenizer=HFChatTokenizer(load_tiny_tokenizer()),
-            behind_router=True,
-            routing_header=HEADER,
-            http_client=httpx.AsyncClient(event_hooks={"request": [record]}),
-        )
+        client = gateway_client(url, seen, policies=[TruncateOlderThanN(2)], routing_header=HEADER)
         assert client.gateway is not None and client.gateway.routing_header == HEADER
         one, two = client.session(tools=TOOLS), client.session(tools=TOOLS)
         messages = [SYSTEM, TASK]
@@ -69,13 +71,7 @@ async def test_gateway_mode_uses_only_chat_completions_and_one_key_per_session()
 def test_blocking_client_behind_a_gateway_splices_through_metadata():
     seen: list[httpx.Request] = []
     with running_server(make_service(kv_budget_mb=32)) as url:
-        client = Leyline(
-            base_url=url + "/v1",
-            policies=[TruncateOlderThanN(2)],
-            tokenizer=HFChatTokenizer(load_tiny_tokenizer()),
-            behind_router=True,
-            http_client=httpx.Client(event_hooks={"request": [seen.append]}),
-        )
+        client = gateway_client(url, seen, blocking=True, policies=[TruncateOlderThanN(2)])
         messages = [SYSTEM, TASK]
         for turn in range(4):
             client.chat.completions.create(model="tiny-mla", messages=messages, tools=TOOLS, max_tokens=2)
@@ -90,18 +86,9 @@ def test_blocking_client_behind_a_gateway_splices_through_metadata():
 async def test_a_block_message_behind_a_gateway_is_prefilled_not_placed():
     """``/v1/leyline/blocks`` is out of reach behind a gateway: the block message is an ordinary one."""
     seen: list[httpx.Request] = []
-
-    async def record(request: httpx.Request) -> None:
-        seen.append(request)
-
     skill = {"role": "user", "content": "Skill: read files before editing them.", "leyline_block": True}
     with running_server(make_service(kv_budget_mb=32)) as url:
-        client = AsyncLeyline(
-            base_url=url + "/v1",
-            tokenizer=HFChatTokenizer(load_tiny_tokenizer()),
-            behind_router=True,
-            http_client=httpx.AsyncClient(event_hooks={"request": [record]}),
-        )
+        client = gateway_client(url, seen)
         session = client.session(tools=TOOLS)
         turns = [[SYSTEM, TASK], [SYSTEM, TASK, *agent_turn(0), skill]]
         for messages in turns:
