@@ -36,7 +36,7 @@ import contextlib
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -164,17 +164,24 @@ def physical_maximum(chat: Any, sessions: list[Trace]) -> float:
     return reusable / max(total, 1)
 
 
-async def run_arm(arm: str, url: str, model: str, sessions: list[Trace], concurrency: int) -> list[Turn]:
-    """Replay every trace, ``concurrency`` at a time."""
+async def replay_all(
+    replay: Callable[[Trace], Awaitable[list[Turn]]], sessions: list[Trace], concurrency: int
+) -> list[Turn]:
+    """``replay`` every trace, ``concurrency`` at a time; every turn, in session order."""
     gate = asyncio.Semaphore(concurrency)
 
     async def one(trace: Trace) -> list[Turn]:
         async with gate:
-            replay = replay_leyline if arm == "leyline" else replay_plain
-            return await replay(url, model, trace)
+            return await replay(trace)
 
     results = await asyncio.gather(*(one(t) for t in sessions))
     return [turn for turns in results for turn in turns]
+
+
+async def run_arm(arm: str, url: str, model: str, sessions: list[Trace], concurrency: int) -> list[Turn]:
+    """Replay every trace through ``arm``'s client, ``concurrency`` at a time."""
+    replay = replay_leyline if arm == "leyline" else replay_plain
+    return await replay_all(lambda trace: replay(url, model, trace), sessions, concurrency)
 
 
 def summary(turns: list[Turn]) -> dict[str, float]:

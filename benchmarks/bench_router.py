@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bench_replay  # noqa: E402
-from bench_replay import Trace, Turn, replay_leyline, replay_plain, summary, tool_trace  # noqa: E402
+from bench_replay import Trace, Turn, replay_all, replay_leyline, replay_plain, summary, tool_trace  # noqa: E402
 
 from examples.cluster import replicas, router  # noqa: E402
 from leyline_sdk import HFChatTokenizer  # noqa: E402
@@ -68,16 +68,13 @@ def chat_renderer(model: str) -> HFChatTokenizer:
 
 async def replay(client: str, url: str, model: str, sessions: list[Trace], concurrency: int, chat: Any) -> list[Turn]:
     """Every session through the router, ``concurrency`` at a time, each with its own routing key."""
-    gate = asyncio.Semaphore(concurrency)
 
     async def one(trace: Trace) -> list[Turn]:
-        async with gate:
-            if client == "leyline":
-                return await replay_leyline(url, model, trace, tokenizer=chat, behind_router=True)
-            return await replay_plain(url, model, trace, headers={DEFAULT_ROUTING_HEADER: uuid.uuid4().hex})
+        if client == "leyline":
+            return await replay_leyline(url, model, trace, tokenizer=chat, behind_router=True)
+        return await replay_plain(url, model, trace, headers={DEFAULT_ROUTING_HEADER: uuid.uuid4().hex})
 
-    results = await asyncio.gather(*(one(t) for t in sessions))
-    return [turn for turns in results for turn in turns]
+    return await replay_all(one, sessions, concurrency)
 
 
 def run_policy(policy: str, client: str, args: argparse.Namespace, sessions: list[Trace], chat: Any) -> list[Turn]:
