@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tool_traces import TOOLS, agent_session  # noqa: E402
 
 from leyline_policies.stubs import tool_stub  # noqa: E402
-from leyline_sdk.diff import common_prefix_length, diff_to_directives  # noqa: E402
-from leyline_sdk.rendering import HFChatTokenizer  # noqa: E402
+from leyline_sdk.explain.diff import common_prefix_length, diff_to_directives  # noqa: E402
+from leyline_sdk.render.rendering import HFChatTokenizer  # noqa: E402
 from leyline_server.engines.base import CacheScope, SamplingParams, SpliceRequest  # noqa: E402
 from leyline_server.engines.config import EngineConfig  # noqa: E402
 from leyline_server.engines.embedded.presets import load_engine  # noqa: E402

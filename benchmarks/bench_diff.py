@@ -16,11 +16,11 @@ import random
 import statistics
 import time
 
-from leyline_sdk.diff import diff_to_directives
-from leyline_sdk.directives import apply
-from leyline_sdk.incremental import IncrementalRenderer
-from leyline_sdk.rendering import HFChatTokenizer
-from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
+from leyline_sdk.core.directives import apply
+from leyline_sdk.explain.diff import diff_to_directives
+from leyline_sdk.render.incremental import IncrementalRenderer
+from leyline_sdk.render.rendering import HFChatTokenizer
+from leyline_sdk.render.tiny_tokenizer import load_tiny_tokenizer
 
 WORDS = "def return import file line error test value path result output self class data".split()
 

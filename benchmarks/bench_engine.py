@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from leyline_sdk.directives import Directive, apply
+from leyline_sdk.core.directives import Directive, apply
 from leyline_server.engines.base import CacheScope, SpliceRequest
 from leyline_server.engines.embedded.engine import EmbeddedEngine
 from leyline_server.engines.embedded.pool import SlotPool, layout_from_config

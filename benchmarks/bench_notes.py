@@ -52,8 +52,8 @@ from typing import Any
 
 import torch
 
-from leyline_sdk.diff import common_prefix_length, diff_to_directives
-from leyline_sdk.directives import Directive, Mode, apply
+from leyline_sdk.core.directives import Directive, Mode, apply
+from leyline_sdk.explain.diff import common_prefix_length, diff_to_directives
 from leyline_server.engines.base import CacheScope, Handle, SpliceRequest
 from leyline_server.engines.config import EngineConfig
 from leyline_server.engines.embedded.presets import load_engine

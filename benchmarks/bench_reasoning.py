@@ -9,7 +9,7 @@ is the real embedded one in-process (``tiny-mla``), its tokenizer carrying
 arrives — as Qwen3's, DeepSeek-R1's and QwQ's templates do. Two runs of the same trace:
 
 * **Leyline** — ``AsyncLeyline`` (no policies): the template's edits become ``amortize``
-  deletions (``leyline_sdk.turns``), the rest of the cache is kept and rotated;
+  deletions (``leyline_sdk.explain.turns``), the rest of the cache is kept and rotated;
 * **plain** — the ``openai`` client against a server without sessions: its radix prefix cache
   reuses each prompt up to the first difference, the first stripped reasoning block.
 
@@ -36,9 +36,9 @@ import openai  # noqa: E402
 
 from benchmarks.traces import TOOLS, messages_at, reasoning_agent_trace, reasoning_tokenizer  # noqa: E402
 from leyline_sdk import AsyncLeyline  # noqa: E402
-from leyline_sdk.directives import Mode, apply  # noqa: E402
-from leyline_sdk.rendering import HFChatTokenizer  # noqa: E402
-from leyline_sdk.turns import decoder_of, explain_turn  # noqa: E402
+from leyline_sdk.core.directives import Mode, apply  # noqa: E402
+from leyline_sdk.explain.turns import decoder_of, explain_turn  # noqa: E402
+from leyline_sdk.render.rendering import HFChatTokenizer  # noqa: E402
 from leyline_server.local import local_service, serve_in_thread  # noqa: E402
 
 HEADER = "<|im_start|>assistant\n"

@@ -50,7 +50,7 @@ import traces  # noqa: E402
 
 from leyline_policies import TruncateOlderThanN, run_policies  # noqa: E402
 from leyline_sdk import AsyncLeyline  # noqa: E402
-from leyline_sdk.diff import diff_token_sequences  # noqa: E402
+from leyline_sdk.explain.diff import diff_token_sequences  # noqa: E402
 from leyline_server.local import local_service, serve_in_thread  # noqa: E402
 
 ARMS = ("cache off", "radix", "leyline")
@@ -248,7 +248,7 @@ def sglang_chat(model: str) -> Any:
     """The chat renderer of ``model``'s checkpoint (for the physical maximum)."""
     from transformers import AutoTokenizer
 
-    from leyline_sdk.rendering import HFChatTokenizer
+    from leyline_sdk.render.rendering import HFChatTokenizer
     from tests.sglang.cpu_server import checkpoint
 
     return HFChatTokenizer(AutoTokenizer.from_pretrained(str(checkpoint(model))))

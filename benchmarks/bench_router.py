@@ -44,7 +44,7 @@ from bench_replay import Trace, Turn, replay_all, replay_leyline, replay_plain, 
 
 from examples.cluster import replicas, router  # noqa: E402
 from leyline_sdk import HFChatTokenizer  # noqa: E402
-from leyline_sdk.gateway import DEFAULT_ROUTING_HEADER  # noqa: E402
+from leyline_sdk.session.gateway import DEFAULT_ROUTING_HEADER  # noqa: E402
 
 POLICIES = ("manual", "round_robin", "cache_aware")
 CLIENTS = ("radix", "leyline")
@@ -53,7 +53,7 @@ CLIENTS = ("radix", "leyline")
 def chat_renderer(model: str) -> HFChatTokenizer:
     """The client-side renderer of ``model`` (SmolLM2's GGUF tokenizer, or the tiny presets')."""
     if model.startswith("tiny"):
-        from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
+        from leyline_sdk.render.tiny_tokenizer import load_tiny_tokenizer
 
         return HFChatTokenizer(load_tiny_tokenizer())
     from transformers import AutoTokenizer

@@ -33,11 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_diff import tool_heavy_conversation  # noqa: E402
 from leyline_policies import TruncateOlderThanN  # noqa: E402
 from leyline_sdk import AsyncLeyline  # noqa: E402
-from leyline_sdk.directives import Directive, apply, digest  # noqa: E402
-from leyline_sdk.incremental import IncrementalRenderer  # noqa: E402
-from leyline_sdk.renderer import LocalRenderer  # noqa: E402
-from leyline_sdk.rendering import HFChatTokenizer  # noqa: E402
-from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer  # noqa: E402
+from leyline_sdk.core.directives import Directive, apply, digest  # noqa: E402
+from leyline_sdk.render.incremental import IncrementalRenderer  # noqa: E402
+from leyline_sdk.render.rendering import HFChatTokenizer  # noqa: E402
+from leyline_sdk.render.tiny_tokenizer import load_tiny_tokenizer  # noqa: E402
+from leyline_sdk.session.renderer import LocalRenderer  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
 

@@ -54,7 +54,7 @@ class Case:
     """The session, the directive and the kept prefix, tokenized once."""
 
     def __init__(self, tokenize: Callable[[str], list[int]], downstream: int, stub: int) -> None:
-        from leyline_sdk.directives import Directive
+        from leyline_sdk.core.directives import Directive
 
         scenario = Scenario(tokenize)
         self.base, _, directive = scenario.context(downstream)

@@ -55,7 +55,7 @@ class Scenario:
 
     def context(self, downstream: int) -> tuple[list[int], list[int], Any]:
         """(old context, new prompt, the directive) for ``downstream`` tokens after the tool output."""
-        from leyline_sdk.directives import Directive
+        from leyline_sdk.core.directives import Directive
 
         down = self.doc[:downstream] + self.end
         base = self.head + self.old + down

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from notes_cases import TOOLS
 
-from leyline_sdk.rendering import HFChatTokenizer
+from leyline_sdk.render.rendering import HFChatTokenizer
 from leyline_server.engines.base import CacheScope, Handle, Prefilled, SamplingParams, SpliceRequest
 from leyline_server.splice import splice
 

@@ -152,7 +152,7 @@ def messages_at(steps: list[TraceStep], turn: int) -> list[dict[str, Any]]:
 
 def reasoning_tokenizer(template: str = REASONING_TEMPLATE) -> Any:
     """A copy of the tiny tokenizer with ``template`` as its chat template."""
-    from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
+    from leyline_sdk.render.tiny_tokenizer import load_tiny_tokenizer
 
     tokenizer = load_tiny_tokenizer()
     tokenizer.chat_template = template

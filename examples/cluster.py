@@ -31,7 +31,7 @@ import httpx  # noqa: E402
 from examples.trace import SYSTEM, TOOLS, agent_turn  # noqa: E402
 from leyline_policies import TruncateOlderThanN  # noqa: E402
 from leyline_sdk import AsyncLeyline, HFChatTokenizer, LeylineSession  # noqa: E402
-from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer  # noqa: E402
+from leyline_sdk.render.tiny_tokenizer import load_tiny_tokenizer  # noqa: E402
 
 SERVER = "import sys; from leyline_server.cli import main; sys.exit(main())"
 

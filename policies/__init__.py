@@ -1,6 +1,6 @@
 """Leyline policies: decide which messages to stub, redact or correct; they know nothing of tokens or KV.
 
-``Mode`` is re-exported from ``leyline_sdk.directives`` (the one definition). An ``Edit`` says
+``Mode`` is re-exported from ``leyline_sdk.core.directives`` (the one definition). An ``Edit`` says
 what kind of change it is (``EditKind``: evict, redact, correct); a ``correct`` edit may carry
 an ``Erratum``, a correction message appended at the end instead of rewriting history.
 """

@@ -1,16 +1,17 @@
 """Policy contracts, re-exported from the SDK's pure core, plus ``correct_field``.
 
 ``Conversation``, ``Edit``, ``EditKind``, ``apply_edits`` and ``merge_edits`` are defined in
-``leyline_sdk.edits``; ``Policy``, ``PolicyBase``, ``FunctionPolicy`` and ``as_policy`` in
-``leyline_sdk.policy``; ``Mode`` in ``leyline_sdk.directives``. Those modules are pure (no HTTP,
+``leyline_sdk.policy.edits``; ``Policy``, ``PolicyBase``, ``FunctionPolicy`` and ``as_policy`` in
+``leyline_sdk.policy.contracts``; ``Mode`` in ``leyline_sdk.core.directives``. Those modules are pure (no HTTP,
 no openai): this package depends on them one way, and the SDK never imports this package.
-See :mod:`leyline_sdk.edits` for what an edit means.
+See :mod:`leyline_sdk.policy.edits` for what an edit means.
 """
 
 from __future__ import annotations
 
-from leyline_sdk.directives import Mode
-from leyline_sdk.edits import (
+from leyline_sdk.core.directives import Mode
+from leyline_sdk.policy.contracts import FunctionPolicy, Policy, PolicyBase, as_policy
+from leyline_sdk.policy.edits import (
     Conversation,
     Edit,
     EditKind,
@@ -19,8 +20,7 @@ from leyline_sdk.edits import (
     content_text,
     merge_edits,
 )
-from leyline_sdk.errata import Erratum
-from leyline_sdk.policy import FunctionPolicy, Policy, PolicyBase, as_policy
+from leyline_sdk.policy.errata import Erratum
 
 __all__ = [
     "Conversation",

@@ -9,8 +9,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
 
-from leyline_sdk.rendering import HFChatTokenizer  # noqa: E402
-from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer  # noqa: E402
+from leyline_sdk.render.rendering import HFChatTokenizer  # noqa: E402
+from leyline_sdk.render.tiny_tokenizer import load_tiny_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -1,15 +1,18 @@
 """Leyline SDK: directives, chat rendering, message diffing, edits, and the openai client with sessions.
 
-Two layers, one way:
+Six layers, each importing only the ones above it in this list (``tests/sdk/test_import_graph.py``):
 
-* the **pure core** — ``directives``, ``wire``, ``rendering``, ``incremental``, ``diff``,
-  ``templates``, ``turns``, ``errors``, and the policy contracts ``edits``, ``errata``,
-  ``policy``, ``policy_run`` — depends on nothing but pydantic (and a tokenizer where one
-  renders). The server and the policy package (``leyline_policies``) import only these;
-* the **client** — ``AsyncLeyline`` (an ``openai.AsyncOpenAI``), ``Leyline`` (an
-  ``openai.OpenAI``), ``LeylineSession``, ``TurnStats``, ``Blocks`` — is built on openai-python
-  and loads on first use (PEP 562), so importing the core never imports openai. The SDK never
-  imports ``leyline_policies``: policies are objects handed to a client.
+* ``core`` — directives, the wire format, the fallback vocabulary, errors, argument checks;
+* ``render`` — chat templates to tokens with exact per-message spans;
+* ``explain`` — two renders explained as directives (message diff, alignment, the template's edits);
+* ``policy`` — the policy contracts shared with ``leyline_policies``;
+* ``session`` — ``LeylineSession`` and its state, over a port to the server (no openai);
+* ``client`` — ``AsyncLeyline`` (an ``openai.AsyncOpenAI``), ``Leyline`` (an ``openai.OpenAI``):
+  everything that touches openai-python.
+
+The server and ``leyline_policies`` import only the first four. The session and client names
+load on first use (PEP 562), so importing the core never imports openai. The SDK never imports
+``leyline_policies``: policies are objects handed to a client.
 """
 
 from __future__ import annotations
@@ -17,25 +20,25 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from leyline_sdk.diff import diff_to_directives
-from leyline_sdk.directives import Directive, Mode, apply, check, digest, position_map
-from leyline_sdk.incremental import IncrementalRenderer
-from leyline_sdk.rendering import ChatTokenizer, HFChatTokenizer, RenderedConversation
+from leyline_sdk.core.directives import Directive, Mode, apply, check, digest, position_map
+from leyline_sdk.explain.diff import diff_to_directives
+from leyline_sdk.render.incremental import IncrementalRenderer
+from leyline_sdk.render.rendering import ChatTokenizer, HFChatTokenizer, RenderedConversation
 
 if TYPE_CHECKING:
-    from leyline_sdk.blocks import Block, Blocks
-    from leyline_sdk.client import AsyncLeyline, Leyline
-    from leyline_sdk.fallback import SpliceFallbackError
-    from leyline_sdk.session import LeylineSession, TurnStats
+    from leyline_sdk.client.client import AsyncLeyline, Leyline
+    from leyline_sdk.client.fallback import SpliceFallbackError
+    from leyline_sdk.session.blocks import Block, Blocks
+    from leyline_sdk.session.session import LeylineSession, TurnStats
 
 _LAZY = {
-    "AsyncLeyline": "leyline_sdk.client",
-    "Leyline": "leyline_sdk.client",
-    "LeylineSession": "leyline_sdk.session",
-    "TurnStats": "leyline_sdk.session",
-    "Block": "leyline_sdk.blocks",
-    "Blocks": "leyline_sdk.blocks",
-    "SpliceFallbackError": "leyline_sdk.fallback",
+    "AsyncLeyline": "leyline_sdk.client.client",
+    "Leyline": "leyline_sdk.client.client",
+    "LeylineSession": "leyline_sdk.session.session",
+    "TurnStats": "leyline_sdk.session.session",
+    "Block": "leyline_sdk.session.blocks",
+    "Blocks": "leyline_sdk.session.blocks",
+    "SpliceFallbackError": "leyline_sdk.client.fallback",
 }
 
 __all__ = [

@@ -24,7 +24,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from leyline_sdk.directives import digest
+from leyline_sdk.core.directives import digest
 from leyline_server.engines.base import CacheScope, Handle
 
 __all__ = ["Session", "SessionStore"]

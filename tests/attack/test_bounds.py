@@ -14,7 +14,7 @@ import time
 
 import httpx
 
-from leyline_sdk.directives import digest
+from leyline_sdk.core.directives import digest
 from tests.attack.helpers import KEYS, auth, raw_request, serve, service
 
 BASE = list(range(5, 105))  # a 100-token session

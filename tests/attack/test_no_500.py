@@ -19,7 +19,7 @@ from leyline_server.engines.factory import build_engine
 from tests.attack.helpers import MODEL, serve
 
 # SmolLM2-135M-Instruct's chat template, as its GGUF carries it: no tool syntax at all, so tools,
-# tool calls and tool results are rendered as text (leyline_sdk.tool_text)
+# tool calls and tool results are rendered as text (leyline_sdk.render.tool_text)
 SMOLLM2_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
     "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"

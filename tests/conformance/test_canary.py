@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from leyline_sdk.directives import KeptRun
+from leyline_sdk.core.directives import KeptRun
 from leyline_server.engines.base import CacheScope
 from tests.conformance.servers import MODELS, SERVES, available_engines
 

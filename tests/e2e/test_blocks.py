@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from leyline_sdk.directives import digest
+from leyline_sdk.core.directives import digest
 from tests.e2e.server_helpers import make_service, running_server
 
 KEY_A, KEY_B = "sk-alpha", "sk-beta"

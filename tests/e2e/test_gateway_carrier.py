@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from leyline_sdk.directives import Directive, apply
+from leyline_sdk.core.directives import Directive, apply
 from tests.e2e.server_helpers import make_service, running_server
 
 KEY = "sk-gateway"

@@ -10,9 +10,9 @@ from __future__ import annotations
 import openai
 
 from benchmarks.traces import REASONING_TEMPLATE, TOOLS, messages_at, reasoning_agent_trace
-from leyline_sdk.directives import apply
-from leyline_sdk.rendering import normalize_messages
-from leyline_sdk.templates import Transcript
+from leyline_sdk.core.directives import apply
+from leyline_sdk.explain.templates import Transcript
+from leyline_sdk.render.rendering import normalize_messages
 from leyline_server.api.autosplice import AutoTurn
 from leyline_server.api.render import message_digests
 from tests.e2e.server_helpers import make_service, running_server

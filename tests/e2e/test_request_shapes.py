@@ -142,7 +142,7 @@ def test_through_sglangs_router(server):
 
 
 async def test_continue_final_message_appends_the_message_to_the_generation_prompt(server):
-    from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
+    from leyline_sdk.render.tiny_tokenizer import load_tiny_tokenizer
 
     started = [*ASK, {"role": "assistant", "content": "Well, the"}]
     async with httpx.AsyncClient(base_url=server, timeout=60) as c:

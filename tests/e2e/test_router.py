@@ -18,8 +18,8 @@ from examples.cluster import router
 from examples.trace import SYSTEM, TASK, TOOLS, agent_turn
 from leyline_policies import TruncateOlderThanN
 from leyline_sdk import HFChatTokenizer, Leyline
-from leyline_sdk.gateway import SGLANG_ROUTER
-from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
+from leyline_sdk.render.tiny_tokenizer import load_tiny_tokenizer
+from leyline_sdk.session.gateway import SGLANG_ROUTER
 from tests.e2e.server_helpers import make_service, running_server
 from tests.e2e.test_gateway_carrier import KEY, two_turns
 

@@ -25,8 +25,8 @@ from examples.cluster import router
 from examples.trace import SYSTEM, TOOLS, agent_turn
 from leyline_policies import TruncateOlderThanN
 from leyline_sdk import AsyncLeyline, HFChatTokenizer
-from leyline_sdk.gateway import SGLANG_ROUTER
-from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
+from leyline_sdk.render.tiny_tokenizer import load_tiny_tokenizer
+from leyline_sdk.session.gateway import SGLANG_ROUTER
 from tests.e2e.server_helpers import make_service, running_server
 
 AGENTS, TURNS, KILL_AFTER = 12, 6, 4  # 12 x 6 fit in about a minute on two cores

@@ -13,9 +13,8 @@ from openai.types.chat.completion_create_params import CompletionCreateParamsBas
 
 from examples.trace import SYSTEM, TASK, TOOLS, agent_turn
 from leyline_policies import TruncateOlderThanN
-from leyline_sdk import AsyncLeyline, HFChatTokenizer
-from leyline_sdk.errors import SpliceFallbackError
-from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
+from leyline_sdk import AsyncLeyline, HFChatTokenizer, SpliceFallbackError
+from leyline_sdk.render.tiny_tokenizer import load_tiny_tokenizer
 from tests.e2e.server_helpers import free_port, make_service, running_server
 
 
@@ -76,7 +75,7 @@ async def test_a_strict_base_mismatch_is_a_splice_fallback_at_once_and_the_next_
         messages = [SYSTEM, TASK, *agent_turn(0)]
         await session.create(model="tiny-mla", messages=messages, max_tokens=2)
         refused_id = session.session_id
-        session._base_digest = "sha256:" + "0" * 64  # the server will not recognise the base we send
+        session.server.base_digest = "sha256:" + "0" * 64  # the server will not recognise the base we send
         started = time.monotonic()
         with pytest.raises(SpliceFallbackError) as info:
             await session.create(model="tiny-mla", messages=messages + agent_turn(1), max_tokens=2)

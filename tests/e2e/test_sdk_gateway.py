@@ -15,7 +15,7 @@ import httpx
 from examples.trace import SYSTEM, TASK, TOOLS, agent_turn
 from leyline_policies import TruncateOlderThanN
 from leyline_sdk import AsyncLeyline, HFChatTokenizer, Leyline
-from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
+from leyline_sdk.render.tiny_tokenizer import load_tiny_tokenizer
 from tests.e2e.server_helpers import make_service, running_server
 
 HEADER = "X-Gateway-Key"

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from leyline_sdk.directives import Directive, apply, digest
+from leyline_sdk.core.directives import Directive, apply, digest
 from tests.e2e.server_helpers import make_service, running_server
 
 KEY_A, KEY_B = "sk-alpha", "sk-beta"

@@ -7,7 +7,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletion
 
-from leyline_sdk.directives import Directive, apply, digest
+from leyline_sdk.core.directives import Directive, apply, digest
 from tests.e2e.server_helpers import make_service, running_server
 
 MESSAGES = [

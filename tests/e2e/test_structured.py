@@ -16,7 +16,7 @@ import jsonschema
 import openai
 import pytest
 
-from leyline_sdk.directives import Directive, apply
+from leyline_sdk.core.directives import Directive, apply
 from tests.e2e.server_helpers import make_service, running_server
 
 SCHEMA = {
@@ -60,7 +60,7 @@ def client(server):
 
 def tiny_vocab() -> list[str]:
     """The tiny tokenizer's tokens as text (both engines use it for the tiny presets)."""
-    from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
+    from leyline_sdk.render.tiny_tokenizer import load_tiny_tokenizer
 
     tok = load_tiny_tokenizer()
     return [tok.decode([i]) for i in range(len(tok))]

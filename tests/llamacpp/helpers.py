@@ -28,7 +28,7 @@ def hf_model(layers: int):
 @functools.cache
 def tiny_gguf(layers: int, folder: str) -> Path:
     """``hf_model(layers)`` written as a float32 GGUF with the project's tiny tokenizer."""
-    from leyline_sdk.tiny_tokenizer import tiny_tokenizer_path
+    from leyline_sdk.render.tiny_tokenizer import tiny_tokenizer_path
 
     return write_llama_gguf(hf_model(layers), tiny_tokenizer_path(), Path(folder) / f"tiny-llama-{layers}l.gguf")
 

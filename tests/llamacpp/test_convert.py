@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
+from leyline_sdk.render.tiny_tokenizer import load_tiny_tokenizer
 from leyline_server.engines.llamacpp.convert import permute_rope_rows
 from leyline_server.engines.llamacpp.lib import LlamaModel
 from tests.llamacpp.helpers import engine, hf_model, max_diff, prefill

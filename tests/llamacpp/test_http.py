@@ -16,7 +16,7 @@ import pytest
 from examples.trace import SYSTEM, TASK, TOOLS, agent_turn
 from leyline_policies import TruncateOlderThanN
 from leyline_sdk import AsyncLeyline
-from leyline_sdk.directives import Directive, apply, digest
+from leyline_sdk.core.directives import Directive, apply, digest
 from leyline_server.local import local_service, serve_in_thread
 
 pytestmark = pytest.mark.slow

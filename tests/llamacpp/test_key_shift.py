@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from leyline_sdk.directives import Directive, apply
+from leyline_sdk.core.directives import Directive, apply
 from leyline_server.engines.llamacpp.cache import LIFT_BUFFER_MAX
 from leyline_server.engines.llamacpp.engine import CANARY_SEQS
 from leyline_server.engines.llamacpp.lib import LlamaModel

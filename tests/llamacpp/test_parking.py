@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from leyline_sdk.directives import Directive, KeptRun, apply
+from leyline_sdk.core.directives import Directive, KeptRun, apply
 from leyline_server.engines.base import CacheScope, SamplingParams
 from leyline_server.engines.llamacpp.serving import AsyncLlamaCppEngine
 from tests.llamacpp.helpers import BASE, fresh_logits, max_diff, prefill, run_splice

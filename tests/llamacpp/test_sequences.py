@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from leyline_sdk.directives import Directive, apply
+from leyline_sdk.core.directives import Directive, apply
 from leyline_server.engines.base import CacheScope, CapacityError
 from leyline_server.splice import FallbackCode
 from tests.llamacpp.helpers import BASE, fresh_logits, max_diff, prefill, run_splice

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from leyline_sdk.directives import Directive, apply
-from leyline_sdk.rendering import HFChatTokenizer
+from leyline_sdk.core.directives import Directive, apply
+from leyline_sdk.render.rendering import HFChatTokenizer
 from leyline_server.engines.base import CacheScope, SamplingParams
 from leyline_server.engines.config import EngineConfig
 from leyline_server.engines.llamacpp.loader import load_llamacpp

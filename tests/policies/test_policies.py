@@ -192,7 +192,7 @@ def test_policy_names_accept_kebab_case_and_list_canonical_names():
 
 
 def test_mode_is_the_sdk_enum_and_strings_are_normalised():
-    from leyline_sdk.directives import Mode as SdkMode
+    from leyline_sdk.core.directives import Mode as SdkMode
 
     assert Mode is SdkMode
     assert Edit(0, "x", "forget").mode is Mode.FORGET

@@ -28,9 +28,9 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from leyline_sdk.directives import Directive, apply, check, digest, first_forget_start, kept_runs
-from leyline_sdk.errors import DirectiveError
-from leyline_sdk.rendering import HFChatTokenizer
+from leyline_sdk.core.directives import Directive, apply, check, digest, first_forget_start, kept_runs
+from leyline_sdk.core.errors import DirectiveError
+from leyline_sdk.render.rendering import HFChatTokenizer
 
 
 @dataclass

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from benchmarks.traces import REASONING_TEMPLATE
-from leyline_sdk.rendering import HFChatTokenizer
+from leyline_sdk.render.rendering import HFChatTokenizer
 
 STRIP = REASONING_TEMPLATE
 KEEP = REASONING_TEMPLATE.replace("{%- set ns.last_query = loop.index0 -%}", "")

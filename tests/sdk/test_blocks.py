@@ -16,8 +16,8 @@ from openai import NotFoundError
 from examples.trace import SYSTEM, TASK, TOOLS, agent_turn
 from leyline_policies import StaleToolDetector, TruncateOlderThanN
 from leyline_sdk import AsyncLeyline, Mode
-from leyline_sdk.blocks import BLOCK_KEY
-from leyline_sdk.directives import Directive, apply
+from leyline_sdk.core.directives import Directive, apply
+from leyline_sdk.session.blocks import BLOCK_KEY
 from tests.policies.transcripts import read_write_conversation
 from tests.sdk.fake_server import FakeLeyline
 

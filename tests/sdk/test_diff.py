@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from leyline_sdk.diff import diff_to_directives
-from leyline_sdk.directives import Directive, Mode, apply
-from leyline_sdk.rendering import RenderedConversation, Span
+from leyline_sdk.core.directives import Directive, Mode, apply
+from leyline_sdk.explain.diff import diff_to_directives
+from leyline_sdk.render.rendering import RenderedConversation, Span
 from tests.sdk.conversations import TOOLS, conversation, edited
 
 
@@ -115,7 +115,7 @@ def test_unexplained_difference_becomes_forget():
     st.lists(st.integers(0, 20), max_size=10),
 )
 def test_token_sequence_diff_reproduces_new_tokens(old, edits, extension):
-    from leyline_sdk.diff import diff_token_sequences
+    from leyline_sdk.explain.diff import diff_token_sequences
 
     new = list(old)
     for at, length, replacement in edits:
@@ -130,7 +130,7 @@ def test_token_sequence_diff_reproduces_new_tokens(old, edits, extension):
 
 
 def test_token_sequence_diff_localises_a_middle_edit():
-    from leyline_sdk.diff import diff_token_sequences
+    from leyline_sdk.explain.diff import diff_token_sequences
 
     old = list(range(100))
     new = old[:40] + [500, 501] + old[60:] + [900, 901]

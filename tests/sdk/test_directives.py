@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from leyline_sdk.directives import (
+from leyline_sdk.core.directives import (
     Directive,
     Mode,
     apply,
@@ -21,7 +21,7 @@ from leyline_sdk.directives import (
     position_map,
     truncate_result,
 )
-from leyline_sdk.errors import DirectiveError
+from leyline_sdk.core.errors import DirectiveError
 
 tokens = st.integers(min_value=0, max_value=50_000)
 

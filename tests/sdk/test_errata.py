@@ -76,6 +76,6 @@ async def test_forget_strategy_recomputes_from_the_outdated_read(chat):
 
 
 def _directives(seen):
-    from leyline_sdk.directives import Directive
+    from leyline_sdk.core.directives import Directive
 
     return [Directive.model_validate(d) for d in (seen.leyline or {}).get("directives", [])]

@@ -1,7 +1,13 @@
-"""The SDK and the policy package depend one way: policies -> the SDK's pure core <- the SDK's client.
+"""The import rules, checked on every import statement (function-level, lazy and ``TYPE_CHECKING`` ones too).
 
-Checked twice: statically (every import statement of every module, function-level ones
-included) and for real (what a fresh interpreter has loaded after importing one side).
+* The SDK's layers are its folders, in this order; a module imports only its own layer and the
+  layers before it: ``core`` → ``render`` → ``explain`` → ``policy`` → ``session`` → ``client``.
+* Only ``client`` imports openai; the server and ``leyline_policies`` import the first four layers
+  only; the SDK never imports ``leyline_policies``.
+* No import circle anywhere in ``src/`` or ``policies/`` (between any number of modules).
+
+Checked statically (the graph of import statements) and for real (what a fresh interpreter has
+loaded after importing one side).
 """
 
 from __future__ import annotations
@@ -17,86 +23,145 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SDK = ROOT / "src" / "leyline_sdk"
 POLICIES = ROOT / "policies"
-
-# The pure core: what the server and the policy package may import. No HTTP, no openai.
-PURE = {
-    "align",
-    "diff",
-    "directives",
-    "edits",
-    "errata",
-    "errors",
-    "incremental",
-    "policy",
-    "policy_run",
-    "rendering",
-    "stats",
-    "templates",
-    "template_data",
-    "tiny_tokenizer",
-    "tool_text",
-    "turns",
-    "validation",
-    "wire",
-}
+LAYERS = ["core", "render", "explain", "policy", "session", "client"]
+SHARED_WITH_THE_SERVER = set(LAYERS[:4])  # what the server and leyline_policies may import
 
 
-def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
-    """Every node of ``tree`` except those under ``if TYPE_CHECKING:`` (never run)."""
-    out: list[ast.AST] = []
-    todo = [tree]
-    while todo:
-        node = todo.pop()
-        out.append(node)
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and ast.unparse(child.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
-                todo.extend(child.orelse)
-                continue
-            todo.append(child)
+def module_files() -> dict[str, Path]:
+    """Every module of ``src/`` and ``policies/`` by its import name."""
+    out: dict[str, Path] = {}
+    for base, prefix in ((ROOT / "src", ""), (POLICIES, "leyline_policies.")):
+        for path in base.rglob("*.py"):
+            parts = list(path.relative_to(base).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            name = prefix + ".".join(parts) if parts else prefix.rstrip(".")
+            out[name] = path
     return out
 
 
-def imports(path: Path) -> set[str]:
-    """Every module a run-time import statement in ``path`` names (``from a.b import c``: ``a.b``, ``a.b.c``)."""
+MODULES = module_files()
+
+
+def _package(name: str, path: Path) -> str:
+    return name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+
+def imported_names(name: str, path: Path) -> set[str]:
+    """Every module an import statement of ``path`` names (``from a.b import c``: ``a.b`` and ``a.b.c``)."""
     names: set[str] = set()
-    for node in _runtime_nodes(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = _package(name, path).split(".")
+                base = base[: len(base) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
     return names
 
 
-def sdk_modules(names: set[str]) -> set[str]:
-    return {n.split(".")[1] for n in names if n.startswith("leyline_sdk.") and (SDK / f"{n.split('.')[1]}.py").exists()}
+def _resolve(name: str) -> str | None:
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
 
 
-def test_every_pure_module_exists_and_every_other_one_is_client_side():
-    modules = {p.stem for p in SDK.glob("*.py")} - {"__init__"}
-    assert PURE <= modules
-    assert {"client", "completions", "calls", "session", "routes"} <= modules - PURE
+def graph() -> dict[str, set[str]]:
+    """Module → the project modules it imports (a package's own ``__init__`` not counted as an edge)."""
+    out: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        edges = set()
+        for target in imported_names(name, path):
+            r = _resolve(target)
+            if r and r != name and not name.startswith(r + "."):
+                edges.add(r)
+        out[name] = edges
+    return out
 
 
-@pytest.mark.parametrize("path", sorted(SDK.glob("*.py")), ids=lambda p: p.name)
-def test_the_sdk_never_imports_the_policy_package(path):
-    assert not any(n == "leyline_policies" or n.startswith("leyline_policies.") for n in imports(path))
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
 
 
-@pytest.mark.parametrize("path", sorted(SDK.glob("*.py")), ids=lambda p: p.name)
-def test_pure_modules_import_only_pure_modules_and_never_openai(path):
-    if path.stem not in PURE:
-        return
-    names = imports(path)
-    assert not any(n == "openai" or n.startswith("openai.") or n.startswith("httpx") for n in names)
-    assert sdk_modules(names) <= PURE, sdk_modules(names) - PURE
+def layer(module: str) -> str | None:
+    """The SDK layer of a module (``None`` for the SDK's root package and anything outside it)."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "leyline_sdk" and len(parts) > 1 and parts[1] in LAYERS else None
 
 
-@pytest.mark.parametrize("path", sorted(POLICIES.glob("*.py")), ids=lambda p: p.name)
-def test_policies_import_only_the_sdks_pure_core(path):
-    names = imports(path)
-    assert sdk_modules(names) <= PURE, sdk_modules(names) - PURE
-    assert not any(n == "openai" or n.startswith("openai.") for n in names)
+def test_the_sdk_folders_are_exactly_the_layers():
+    folders = {p.name for p in SDK.iterdir() if p.is_dir() and (p / "__init__.py").exists()} - {"assets"}
+    assert folders == set(LAYERS)
+    assert not [p.name for p in SDK.glob("*.py") if p.name != "__init__.py"], "every SDK module lives in a layer"
+
+
+def test_no_import_circle_in_src_or_policies():
+    assert cycles(graph()) == []
+
+
+def test_the_cycle_check_finds_a_circle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if layer(m)), ids=str)
+def test_a_layer_imports_only_itself_and_the_layers_before_it(module):
+    edges = graph()[module]
+    mine = LAYERS.index(layer(module))
+    later = {t for t in edges if t.startswith("leyline_sdk") and (layer(t) is None or LAYERS.index(layer(t)) > mine)}
+    assert not later, f"{module} ({LAYERS[mine]}) imports later layers: {sorted(later)}"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES), ids=str)
+def test_only_the_client_layer_imports_openai_and_nothing_imports_policies_from_the_sdk(module):
+    names = imported_names(module, MODULES[module])
+    uses_openai = any(n == "openai" or n.startswith(("openai.", "httpx")) for n in names)
+    if module.startswith("leyline_sdk"):
+        assert not uses_openai or layer(module) == "client", module
+        assert not any(n == "leyline_policies" or n.startswith("leyline_policies.") for n in names)
+
+
+@pytest.mark.parametrize(
+    "module", sorted(m for m in MODULES if m.startswith(("leyline_server", "leyline_policies"))), ids=str
+)
+def test_the_server_and_the_policies_import_only_the_shared_layers(module):
+    sdk = {t for t in graph()[module] if t.startswith("leyline_sdk.")}
+    assert {layer(t) for t in sdk} <= SHARED_WITH_THE_SERVER, sorted(sdk)
 
 
 def loaded_after(statement: str) -> set[str]:
@@ -106,16 +171,17 @@ def loaded_after(statement: str) -> set[str]:
     return set(json.loads(out.stdout.splitlines()[-1]))
 
 
-def test_importing_the_policies_loads_no_client_and_no_openai():
+def test_importing_the_policies_loads_no_session_no_client_and_no_openai():
     loaded = loaded_after("import leyline_policies; leyline_policies.TruncateOlderThanN(2)")
-    assert "leyline_sdk.edits" in loaded  # the contracts come from the SDK's core
-    client_side = {f"leyline_sdk.{p.stem}" for p in SDK.glob("*.py")} - {f"leyline_sdk.{m}" for m in PURE}
-    assert not (loaded & client_side), loaded & client_side
+    assert "leyline_sdk.policy.edits" in loaded  # the contracts come from the SDK's policy layer
+    assert not {m for m in loaded if layer(m) in ("session", "client")}
     assert "openai" not in loaded
 
 
-@pytest.mark.parametrize("statement", ["import leyline_sdk.client", "from leyline_sdk import AsyncLeyline, Leyline"])
+@pytest.mark.parametrize(
+    "statement", ["import leyline_sdk.client.client", "from leyline_sdk import AsyncLeyline, Leyline"]
+)
 def test_importing_the_client_loads_no_policy_package(statement):
     loaded = loaded_after(statement)
-    assert "leyline_sdk.client" in loaded and "openai" in loaded
+    assert "leyline_sdk.client.client" in loaded and "openai" in loaded
     assert not any(m == "leyline_policies" or m.startswith("leyline_policies.") for m in loaded)

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.bench_diff import tool_heavy_conversation
-from leyline_sdk.incremental import IncrementalRenderer
-from leyline_sdk.rendering import HFChatTokenizer
+from leyline_sdk.render.incremental import IncrementalRenderer
+from leyline_sdk.render.rendering import HFChatTokenizer
 from tests.sdk.conversations import TOOLS, conversation, edited, message
 
 # the last message gets " (latest)" when it is the user's: stable until a message follows it

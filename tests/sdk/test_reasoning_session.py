@@ -69,7 +69,7 @@ async def test_sync_edits_on_an_unstable_template_leave_it_to_the_next_request()
         fake.completion = answer_text(chat, messages_at(steps, t), steps[t].answer, TOOLS)
         await session.create(model="m", messages=messages_at(steps, t))
     session.history = messages_at(steps, 8)  # the agent appended its turn; the tool still runs
-    assert session._seen_render is not None and not session._seen_render.prefix_stable
+    assert session.server.seen_render is not None and not session.server.seen_render.prefix_stable
     assert await session.sync_edits() is None  # no forget from the first stripped block
     assert not any(path.endswith("/directives") for _, path in fake.requests)
     await session.create(model="m", messages=messages_at(steps, 8))

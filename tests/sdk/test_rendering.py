@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from leyline_sdk.errors import RenderError
-from leyline_sdk.rendering import HFChatTokenizer
-from leyline_sdk.tiny_tokenizer import CHAT_TEMPLATE, build_tiny_tokenizer, tiny_tokenizer_path
+from leyline_sdk.core.errors import RenderError
+from leyline_sdk.render.rendering import HFChatTokenizer
+from leyline_sdk.render.tiny_tokenizer import CHAT_TEMPLATE, build_tiny_tokenizer, tiny_tokenizer_path
 from tests.sdk.conversations import TOOLS, conversation
 
 

@@ -13,9 +13,8 @@ import pytest
 
 from examples.trace import SYSTEM, TASK, TOOLS, agent_turn
 from leyline_policies import StaleToolDetector, TruncateOlderThanN
-from leyline_sdk import AsyncLeyline, HFChatTokenizer, Mode
-from leyline_sdk.errors import SpliceFallbackError
-from leyline_sdk.incremental import IncrementalRenderer
+from leyline_sdk import AsyncLeyline, HFChatTokenizer, Mode, SpliceFallbackError
+from leyline_sdk.render.incremental import IncrementalRenderer
 from tests.sdk.fake_server import FakeLeyline
 
 
@@ -119,7 +118,7 @@ async def test_strict_session_raises_on_a_server_fallback_after_adopting_its_bas
     session = client.session(tools=TOOLS)
     messages = [SYSTEM, TASK, *agent_turn(0)]
     await session.create(model="m", messages=messages)
-    session._base_digest = "sha256:" + "0" * 32  # the server will not recognise the base we send
+    session.server.base_digest = "sha256:" + "0" * 32  # the server will not recognise the base we send
     with pytest.raises(SpliceFallbackError) as info:
         await session.create(model="m", messages=messages + agent_turn(1))
     assert info.value.code == "base_mismatch" and fake.chats[-1].fallback == "base_mismatch"

@@ -15,7 +15,7 @@ import copy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from leyline_sdk.rendering import HFChatTokenizer, normalize_messages
+from leyline_sdk.render.rendering import HFChatTokenizer, normalize_messages
 from tests.sdk.conversations import TOOLS, conversation
 from tests.sdk.reasoning_templates import KEEP, STRIP
 from tests.sdk.test_incremental import COUNTED, GROUPED, LATEST_USER, PLAIN

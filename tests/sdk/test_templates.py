@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.traces import TOOLS, messages_at, reasoning_agent_trace
-from leyline_sdk.directives import Directive, Mode, apply, check
-from leyline_sdk.rendering import HFChatTokenizer
-from leyline_sdk.templates import Explanation, Source, Transcript, explain, is_removal
-from leyline_sdk.turns import decoder_of, explain_client_turn, explain_turn
+from leyline_sdk.core.directives import Directive, Mode, apply, check
+from leyline_sdk.explain.templates import Explanation, Source, Transcript, explain, is_removal
+from leyline_sdk.explain.turns import decoder_of, explain_client_turn, explain_turn
+from leyline_sdk.render.rendering import HFChatTokenizer
 from tests.sdk.reasoning_templates import TEMPLATES, DatedChat, answer_text, make_chat
 
 CHATS = {name: make_chat(name) for name in TEMPLATES}

@@ -7,9 +7,9 @@ import json
 import jinja2
 import pytest
 
-from leyline_sdk.rendering import HFChatTokenizer
-from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
-from leyline_sdk.tool_text import call_block
+from leyline_sdk.render.rendering import HFChatTokenizer
+from leyline_sdk.render.tiny_tokenizer import load_tiny_tokenizer
+from leyline_sdk.render.tool_text import call_block
 from leyline_server.api.toolcalls import parse_tool_calls
 
 # SmolLM2-Instruct's template, as shipped in its GGUF: no tools, content must be a string

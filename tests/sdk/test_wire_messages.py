@@ -19,7 +19,7 @@ from openai.types.chat import ChatCompletionMessageParam, ChatCompletionMessageT
 
 from examples.trace import SYSTEM, TASK, TOOLS, agent_turn
 from leyline_sdk import AsyncLeyline
-from leyline_sdk.calls import wire_messages
+from leyline_sdk.client.calls import wire_messages
 
 TOOL_CALL = ChatCompletionMessageToolCall.model_validate(
     {"id": "c9", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}

@@ -40,7 +40,7 @@ async def test_streams_interleave_and_cancellation_commits():
 
 
 def test_local_checkpoint_folder_loads_by_path(tmp_path):
-    from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
+    from leyline_sdk.render.tiny_tokenizer import load_tiny_tokenizer
     from leyline_server.engines.config import EngineConfig
     from leyline_server.engines.embedded.presets import load_engine, preset_config
     from leyline_server.tiny_models import build_model
@@ -68,7 +68,7 @@ def test_full_pool_raises_capacity_not_a_crash():
 
 
 def test_a_sliding_window_model_is_served_exactly_past_its_window(tmp_path):
-    from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
+    from leyline_sdk.render.tiny_tokenizer import load_tiny_tokenizer
     from leyline_server.engines.config import EngineConfig
     from leyline_server.engines.embedded.presets import load_engine
     from leyline_server.tiny_models import build_model, tiny_config

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from leyline_sdk.directives import Directive, apply
+from leyline_sdk.core.directives import Directive, apply
 from leyline_server.engines.base import SamplingParams
 from leyline_server.rope import RopeSpec
 from leyline_server.splice import FallbackCode, SpliceError

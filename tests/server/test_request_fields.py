@@ -57,7 +57,7 @@ def test_template_kwargs_must_be_read_by_the_template():
 def test_template_kwargs_reach_the_template(hf_tokenizer):
     import copy
 
-    from leyline_sdk.rendering import HFChatTokenizer
+    from leyline_sdk.render.rendering import HFChatTokenizer
 
     tok = copy.deepcopy(hf_tokenizer)
     tok.chat_template = "{% for m in messages %}{{ greeting | default('hi') }} {{ m['content'] }}\n{% endfor %}"

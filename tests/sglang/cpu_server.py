@@ -68,7 +68,7 @@ def checkpoint_root() -> Path:
 
 
 def _save_preset(name: str, layers: int, out: Path) -> None:
-    from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
+    from leyline_sdk.render.tiny_tokenizer import load_tiny_tokenizer
     from leyline_server.tiny_models import build_model, preset_config
 
     build_model(preset_config(name, layers=layers), seed=0).save_pretrained(str(out))

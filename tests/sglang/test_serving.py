@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import httpx
 
-from leyline_sdk.directives import apply
-from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
+from leyline_sdk.core.directives import apply
+from leyline_sdk.render.tiny_tokenizer import load_tiny_tokenizer
 from leyline_server.api.app import create_app
 from leyline_server.api.service import LeylineService, ServerConfig
 from leyline_server.engines.base import SamplingParams, SpliceRequest

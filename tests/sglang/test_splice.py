@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from leyline_sdk.directives import Directive, apply
+from leyline_sdk.core.directives import Directive, apply
 from leyline_server.engines.base import CacheScope, SpliceRequest
 from leyline_server.engines.sglang.backend import SGLangSpliceBackend, namespace
 from leyline_server.engines.sglang.launch import _model_info
@@ -213,7 +213,7 @@ def test_the_canary_compares_with_the_models_own_keys_of_the_tokens(kind):
     be = backend(rt)
     handle = be.prefill(BASE, SCOPE).handle
     stage = be.begin(handle, 20)
-    from leyline_sdk.directives import KeptRun
+    from leyline_sdk.core.directives import KeptRun
 
     be.move(stage, handle, [KeptRun(45, 80, 22)])
     positions = [22, 30, 56]

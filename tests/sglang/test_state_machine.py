@@ -13,7 +13,7 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from leyline_sdk.directives import Directive, apply
+from leyline_sdk.core.directives import Directive, apply
 from leyline_server.engines.base import CacheScope, SpliceRequest
 from leyline_server.engines.sglang.backend import namespace
 from leyline_server.splice import splice

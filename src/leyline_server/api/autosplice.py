@@ -10,7 +10,7 @@ can tell which conversation a request continues. A request continues session ``S
 Everything ``S``'s KV was computed from is then part of this request too. What differs between
 ``S``'s base and the new prompt is the template's doing (earlier reasoning dropped, dates) and
 the reply as the client sent it back; it is explained by
-:func:`leyline_sdk.turns.explain_client_turn` and spliced. Anything else — another conversation
+:func:`leyline_sdk.explain.turns.explain_client_turn` and spliced. Anything else — another conversation
 sharing a prefix, the client's own edit of an earlier message, a session another request moved
 on meanwhile — cannot be told apart from another client's conversation, so it gets a new
 session: exact KV, the radix cache reusing only the key's exact prefixes.
@@ -26,11 +26,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from leyline_sdk.errors import RenderError
-from leyline_sdk.incremental import Snapshot
-from leyline_sdk.rendering import normalize_messages
-from leyline_sdk.templates import Transcript
-from leyline_sdk.turns import decoder_of, explain_client_turn
+from leyline_sdk.core.errors import RenderError
+from leyline_sdk.explain.templates import Transcript
+from leyline_sdk.explain.turns import decoder_of, explain_client_turn
+from leyline_sdk.render.incremental import Snapshot
+from leyline_sdk.render.rendering import normalize_messages
 from leyline_server.api.errors import APIError
 from leyline_server.api.render import BoundedChat, RenderService, message_digests
 from leyline_server.engines.base import SpliceRequest

@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from leyline_sdk.wire import BaseRef, DirectivesResult, FallbackInfo, SessionInfo
+from leyline_sdk.core.wire import BaseRef, DirectivesResult, FallbackInfo, SessionInfo
 from leyline_server.api.deps import Owner, Service
 from leyline_server.api.errors import APIError
 from leyline_server.api.schemas import DirectivesRequest, SessionCreateRequest, TokenizeRequest

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from leyline_sdk.directives import Directive
+from leyline_sdk.core.directives import Directive
 from leyline_server.api.config import ServerConfig
 from leyline_server.api.errors import APIError
 from leyline_server.api.splicing import overflowing_directive

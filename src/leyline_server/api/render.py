@@ -12,7 +12,7 @@ the event loop, so ``/health`` and other keys' requests keep being answered. Bou
 Cost: the prompt of a chat request (:meth:`RenderService.tokens`) is one template render and one
 tokenization, linear in the conversation. Per-message spans (``/tokenize``, blocks, auto-splice)
 need one render per message prefix; they come from an
-:class:`~leyline_sdk.incremental.IncrementalRenderer` started from the last rendering of the same
+:class:`~leyline_sdk.render.incremental.IncrementalRenderer` started from the last rendering of the same
 conversation (kept per key, least recently used first out), so a conversation's next turn
 renders its new messages only.
 """
@@ -31,9 +31,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from leyline_sdk.errors import RenderError
-from leyline_sdk.incremental import IncrementalRenderer, Snapshot
-from leyline_sdk.rendering import HFChatTokenizer, RenderedConversation, normalize_messages
+from leyline_sdk.core.errors import RenderError
+from leyline_sdk.render.incremental import IncrementalRenderer, Snapshot
+from leyline_sdk.render.rendering import HFChatTokenizer, RenderedConversation, normalize_messages
 from leyline_server.api.config import CHARS_PER_TOKEN, ServerConfig
 from leyline_server.api.errors import APIError
 from leyline_server.api.schemas import check_content

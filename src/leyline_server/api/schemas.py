@@ -1,4 +1,4 @@
-"""Request schemas of the HTTP API. The ``leyline`` extension's models live in ``leyline_sdk.wire``.
+"""Request schemas of the HTTP API. The ``leyline`` extension's models live in ``leyline_sdk.core.wire``.
 
 Unknown request fields are refused with a 400 that names them (OpenAI does the same); fields
 this server cannot honour are refused by :func:`leyline_server.api.fields.refuse_unsupported`,
@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from leyline_sdk.directives import Directive, Index
-from leyline_sdk.wire import BaseRef, LeylineRequest
+from leyline_sdk.core.directives import Directive, Index
+from leyline_sdk.core.wire import BaseRef, LeylineRequest
 from leyline_server.api.carrier import lift_leyline
 from leyline_server.api.errors import APIError
 

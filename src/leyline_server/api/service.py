@@ -20,8 +20,8 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
-from leyline_sdk.directives import Directive, digest
-from leyline_sdk.wire import BaseRef, FallbackInfo, LeylineRequest, LeylineResult
+from leyline_sdk.core.directives import Directive, digest
+from leyline_sdk.core.wire import BaseRef, FallbackInfo, LeylineRequest, LeylineResult
 from leyline_server.api.admission import Admission, Ticket
 from leyline_server.api.autosplice import AutoSplicer, AutoTurn
 from leyline_server.api.config import ServerConfig

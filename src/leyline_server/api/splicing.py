@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from leyline_sdk.directives import Directive, check, digest
-from leyline_sdk.errors import DirectiveError
-from leyline_sdk.wire import FallbackInfo, LeylineRequest
+from leyline_sdk.core.directives import Directive, check, digest
+from leyline_sdk.core.errors import DirectiveError
+from leyline_sdk.core.wire import FallbackInfo, LeylineRequest
 from leyline_server.api.errors import APIError
 from leyline_server.engines.base import Handle, SpliceRequest
 from leyline_server.sessions import Session, SessionStore

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
-    from leyline_sdk.directives import Directive, KeptRun
+    from leyline_sdk.core.directives import Directive, KeptRun
     from leyline_server.engines.logits import Processors
     from leyline_server.splice.report import SpliceReport
 

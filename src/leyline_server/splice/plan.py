@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from leyline_sdk.directives import Directive, KeptRun, Mode, apply, kept_runs
+from leyline_sdk.core.directives import Directive, KeptRun, Mode, apply, kept_runs
 
 __all__ = ["Fill", "Place", "SplicePlan", "plan_splice"]
 
@@ -161,7 +161,7 @@ def plan_splice(
 ) -> SplicePlan:
     """Plan ``directives`` on a base whose first ``cached`` tokens hold KV (``exact`` of them exact).
 
-    Raises :class:`~leyline_sdk.errors.DirectiveError` when the directives do not apply to the base.
+    Raises :class:`~leyline_sdk.core.errors.DirectiveError` when the directives do not apply to the base.
     """
     if not 0 <= cached <= len(base):
         raise ValueError(f"cached={cached} must lie in [0, {len(base)}]")

@@ -2,7 +2,7 @@
 
 The server parses calls written as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
 (``api/toolcalls.py``): the syntax of ChatML/Qwen-style templates and of the text form Leyline
-renders for templates without tool syntax (``leyline_sdk.tool_text``). :func:`probe_layout` reads
+renders for templates without tool syntax (``leyline_sdk.render.tool_text``). :func:`probe_layout` reads
 the exact framing off the template (a newline after ``<tool_call>`` or not, what separates two
 calls, whether the marker is one token), and :func:`tool_call_tag` builds the structural tag that
 makes the model write calls in that framing:

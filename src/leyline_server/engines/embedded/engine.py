@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from leyline_sdk.directives import KeptRun
+from leyline_sdk.core.directives import KeptRun
 from leyline_server.engines.base import (
     SHARED,
     CacheScope,

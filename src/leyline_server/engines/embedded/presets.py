@@ -30,7 +30,7 @@ def load_engine(config: EngineConfig, seed: int = 0, **overrides: Any) -> tuple[
     with what to do when the model cannot be found or served, and ``ValueError`` naming
     ``--kv-budget-mb`` when ``config.context_length`` does not fit the pool.
     """
-    from leyline_sdk.tiny_tokenizer import load_tiny_tokenizer
+    from leyline_sdk.render.tiny_tokenizer import load_tiny_tokenizer
 
     dtype = getattr(torch, config.dtype)
     if config.model in PRESETS:

@@ -155,7 +155,7 @@ def preset_gguf(name: str, layers: int = 2, seed: int = 0, directory: str | None
     """
     import torch
 
-    from leyline_sdk.tiny_tokenizer import tiny_tokenizer_path
+    from leyline_sdk.render.tiny_tokenizer import tiny_tokenizer_path
     from leyline_server.tiny_models import build_model, preset_config
 
     config = preset_config(name, layers=layers)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from leyline_sdk.directives import KeptRun
+from leyline_sdk.core.directives import KeptRun
 from leyline_server.engines.base import (
     SHARED,
     CacheScope,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from leyline_sdk.directives import KeptRun
+from leyline_sdk.core.directives import KeptRun
 from leyline_server.engines.base import CapacityError, Handle
 from leyline_server.engines.llamacpp.cache import Entry, SequenceCache
 from leyline_server.engines.llamacpp.shift import KeyShifter

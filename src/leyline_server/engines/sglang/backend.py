@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from leyline_sdk.directives import KeptRun
+from leyline_sdk.core.directives import KeptRun
 from leyline_server.engines.base import CacheScope, CanaryResult, CapacityError, Handle, ModelInfo, Prefilled
 
 __all__ = ["ControlError", "SGLangHandle", "SGLangSpliceBackend", "Transport", "namespace"]

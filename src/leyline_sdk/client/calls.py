@@ -1,0 +1,220 @@
+"""One ``chat.completions`` call through a Leyline session: openai's arguments in, openai's answer out.
+
+:func:`prepare_call` takes the keyword arguments of ``create`` (or ``parse``) exactly as openai
+takes them, finds or makes the session, lets it run its policies and directives, and returns the
+arguments to hand to openai's own method: ``messages`` replaced by the effective messages and the
+``leyline`` extension merged into ``extra_body`` (nothing is added against a server without
+Leyline). Everything else — ``omit``, ``extra_headers``, ``extra_query``, ``timeout``, ``stream``
+— passes through untouched. A call whose ``extra_body`` already has a ``leyline`` field manages
+the extension itself: it is sent as given, outside any session.
+
+The effective messages travel in ``extra_body`` too (``messages=[]`` to openai's method, whose
+body merge puts them back in place, so the request's JSON is the one openai would send):
+openai's argument transform walks every message against its ``TypedDict``s (~80 ms at 500
+messages), and for chat messages it is the identity on plain JSON values — the message types
+carry no aliases or formats. :func:`wire_messages` gives each message exactly what the transform
+gives it: itself when it is plain JSON, openai's transform of it otherwise (a pydantic object or
+``omit`` inside); the session keeps (and matches, renders and edits) the messages in that form.
+``tests/sdk/test_wire_messages.py`` holds this against openai's own transform and request body.
+
+:meth:`Call.post_parser` is installed as openai's post-parser of that request, so the session
+records the turn whichever way the response is read: a ``ChatCompletion``, a raw response's
+``.parse()``, a streamed response's ``await .parse()``, or the end of an ``AsyncStream`` /
+``Stream`` (which stays openai's object: context manager, ``.response``, ``close()``; only its
+iterator is wrapped to see the last chunk's ``leyline`` field and usage).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
+import openai
+from openai._utils import maybe_transform
+from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessageParam
+
+from leyline_sdk.client.fallback import SpliceFallbackError
+from leyline_sdk.client.registry import ClientState
+from leyline_sdk.core.validation import check_messages, check_model, check_tools
+from leyline_sdk.session.gateway import with_carrier
+from leyline_sdk.session.session import LeylineSession
+from leyline_sdk.session.turn import PreparedTurn
+
+__all__ = ["Call", "SessionSource", "prepare_call", "given", "refused", "with_post_parser", "wire_messages"]
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+class SessionSource(Protocol):
+    """What a call needs from its client: the shared state and a way to make a session."""
+
+    _leyline_state: ClientState
+
+    def _new_session(self) -> LeylineSession:
+        """A new session with the client's defaults."""
+        ...
+
+
+def given(value: Any) -> bool:
+    """Whether an argument was given (openai's ``omit`` / ``NOT_GIVEN`` and ``None`` are not)."""
+    return value is not None and not isinstance(value, openai.Omit | openai.NotGiven)
+
+
+def with_post_parser(options: Mapping[str, Any], parser: Callable[[Any], Any]) -> dict[str, Any]:
+    """Request ``options`` with ``parser`` run after any post-parser they already have."""
+    out = dict(options)
+    inner = out.get("post_parser")
+    if callable(inner):
+        out["post_parser"] = lambda parsed: parser(inner(parsed))
+    else:
+        out["post_parser"] = parser
+    return out
+
+
+def _plain(value: Any) -> bool:
+    """Whether ``value`` is plain JSON (dicts with string keys, lists, scalars) all the way down."""
+    if isinstance(value, _SCALARS):
+        return True
+    if type(value) is dict:
+        return all(type(k) is str and _plain(v) for k, v in value.items())
+    if type(value) is list:
+        return all(_plain(v) for v in value)
+    return False
+
+
+def wire_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages as openai's argument transform sends them (see the module docstring)."""
+    return [m if _plain(m) else cast(dict[str, Any], maybe_transform(m, ChatCompletionMessageParam)) for m in messages]
+
+
+@dataclass
+class Call:
+    """A prepared call: the session, its turn, and the arguments for openai's method."""
+
+    session: LeylineSession
+    turn: PreparedTurn
+    kwargs: dict[str, Any]
+
+    def post_parser(self, parsed: Any) -> Any:
+        """Record the turn from what openai parsed; return it unchanged (a stream: once it ends)."""
+        if isinstance(parsed, ChatCompletion):
+            self.session.record(self.turn, getattr(parsed, "leyline", None), parsed.usage, parsed)
+        elif isinstance(parsed, openai.AsyncStream):
+            parsed._iterator = self._arecord(parsed._iterator)
+        elif isinstance(parsed, openai.Stream):
+            parsed._iterator = self._record(parsed._iterator)
+        return parsed
+
+    async def _arecord(self, chunks: AsyncIterator[ChatCompletionChunk]) -> AsyncIterator[ChatCompletionChunk]:
+        leyline, usage = None, None
+        async for chunk in chunks:
+            leyline = getattr(chunk, "leyline", None) or leyline
+            usage = getattr(chunk, "usage", None) or usage
+            yield chunk
+        self.session.record(self.turn, leyline, usage)
+
+    def _record(self, chunks: Iterator[ChatCompletionChunk]) -> Iterator[ChatCompletionChunk]:
+        leyline, usage = None, None
+        for chunk in chunks:
+            leyline = getattr(chunk, "leyline", None) or leyline
+            usage = getattr(chunk, "usage", None) or usage
+            yield chunk
+        self.session.record(self.turn, leyline, usage)
+
+    def failed(self, exc: openai.APIStatusError) -> Exception:
+        """The exception to raise for an error answer (a strict session's refused splice: a fallback)."""
+        return refused(self.session, exc)
+
+
+def refused(session: LeylineSession, exc: openai.APIStatusError) -> Exception:
+    """What to raise for an error answer to ``session``'s request.
+
+    A strict request's splice refused by the server — 404 ``session_not_found``, 409
+    ``base_mismatch``, 422 on the ``leyline`` extension — becomes a ``SpliceFallbackError`` with
+    the server's code, and the next request starts over in a new session (the refused one is
+    deleted then); anything else is raised as openai raised it.
+    """
+    param, view = exc.param or "", session.server
+    if exc.code == "session_not_found" and view.session_id is not None:
+        view.lose_session()
+    elif exc.status_code in (409, 422) and param.startswith("leyline") and exc.code and view.session_id:
+        view.abandon_session()
+    else:
+        return exc
+    return SpliceFallbackError(str(exc.code), str(exc))
+
+
+async def prepare_call(
+    client: SessionSource, kwargs: Mapping[str, Any], session: LeylineSession | None = None
+) -> Call | None:
+    """The session's version of ``create``'s ``kwargs``; ``None`` when the caller sent its own ``leyline``.
+
+    ``session``: an explicit session (``messages`` / ``tools`` left out mean its history / tools);
+    otherwise the remembered session whose history the messages extend, or a new one.
+    """
+    extra_body = kwargs.get("extra_body")
+    if isinstance(extra_body, Mapping) and "leyline" in extra_body:
+        return None
+    if "model" in kwargs:
+        check_model(kwargs["model"])
+    messages = kwargs.get("messages")
+    if session is not None and messages is None:
+        messages = session.history
+    out = dict(kwargs)
+    tools = check_tools(kwargs["tools"]) if given(kwargs.get("tools")) else None
+    if session is not None and tools is None and session.tools:
+        tools = session.tools
+        out["tools"] = tools
+    elif session is not None and "tools" in out and out["tools"] is None:
+        del out["tools"]  # a session's "no tools given", not a null to send
+    session, turn = await _prepare_turn(client, messages, tools, session)
+    out["messages"] = []  # the effective messages go in extra_body: see the module docstring
+    body = {**(extra_body or {}), "messages": turn.effective}
+    gateway = session.gateway
+    if turn.extension is not None:
+        extension = turn.extension.model_dump(mode="json", exclude_none=True)
+        if gateway is None:
+            body["leyline"] = extension
+        else:  # the gateway drops unknown fields but keeps OpenAI's metadata
+            mine = body.get("metadata", out.get("metadata"))
+            body["metadata"] = with_carrier(mine if given(mine) else None, extension)
+    if gateway is not None:
+        out["extra_headers"] = {**(out.get("extra_headers") or {}), gateway.routing_header: session.routing_key}
+    out["extra_body"] = body
+    return Call(session, turn, out)
+
+
+async def prepare_post(
+    client: SessionSource, body: Mapping[str, Any], options: Mapping[str, Any]
+) -> tuple[Call, dict[str, Any], dict[str, Any]] | None:
+    """A ``client.post("/chat/completions", body=..., options=...)`` made outside ``create`` (LiteLLM
+    posts its own bodies): the call, its body with the effective messages, and its options with the
+    ``leyline`` extension in ``extra_json``. ``None`` when the request carries its own extension."""
+    extra = options.get("extra_json")
+    if "leyline" in body or (isinstance(extra, Mapping) and "leyline" in extra):
+        return None
+    tools = check_tools(body["tools"]) if given(body.get("tools")) else None
+    session, turn = await _prepare_turn(client, body.get("messages"), tools, None)
+    new_options, new_body = dict(options), {**body, "messages": turn.effective}
+    gateway = session.gateway
+    if turn.extension is not None:
+        extension = turn.extension.model_dump(mode="json", exclude_none=True)
+        if gateway is None:
+            new_options["extra_json"] = {**(extra or {}), "leyline": extension}
+        else:
+            new_body["metadata"] = with_carrier(body.get("metadata"), extension)
+    if gateway is not None:
+        new_options["headers"] = {**(options.get("headers") or {}), gateway.routing_header: session.routing_key}
+    return Call(session, turn, {}), new_body, new_options
+
+
+async def _prepare_turn(
+    client: SessionSource, messages: Any, tools: list[dict[str, Any]] | None, session: LeylineSession | None
+) -> tuple[LeylineSession, PreparedTurn]:
+    history = wire_messages(check_messages(messages))  # as openai would send them: JSON all the way down
+    state = client._leyline_state
+    await state.registry.reap()
+    if session is None:
+        session = state.registry.find(history) or client._new_session()
+    return session, await session.prepare(history, tools)
