@@ -36,6 +36,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletio
 
 from leyline_sdk.client.fallback import SpliceFallbackError
 from leyline_sdk.client.registry import ClientState
+from leyline_sdk.core.fallbacks import FallbackCode
 from leyline_sdk.core.validation import check_messages, check_model, check_tools
 from leyline_sdk.session.gateway import with_carrier
 from leyline_sdk.session.session import LeylineSession
@@ -136,7 +137,7 @@ def refused(session: LeylineSession, exc: openai.APIStatusError) -> Exception:
     deleted then); anything else is raised as openai raised it.
     """
     param, view = exc.param or "", session.server
-    if exc.code == "session_not_found" and view.session_id is not None:
+    if exc.code == FallbackCode.SESSION_NOT_FOUND.value and view.session_id is not None:
         view.lose_session()
     elif exc.status_code in (409, 422) and param.startswith("leyline") and exc.code and view.session_id:
         view.abandon_session()

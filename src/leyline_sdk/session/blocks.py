@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from leyline_sdk.core.directives import Directive, Mode, apply, digest, truncate_result
+from leyline_sdk.core.fallbacks import BlockFallback
 from leyline_sdk.core.validation import check_messages, check_tools
 from leyline_sdk.core.wire import BlockInfo
 from leyline_sdk.render.rendering import RenderedConversation
@@ -238,7 +239,7 @@ async def place_blocks(
     if any(d.mode is Mode.FORGET for d in out):
         return Placement(original, reason="forget")
     if prompt.tokens[: len(result)] != result:
-        return Placement(original, reason="prompt_mismatch")
+        return Placement(original, reason=BlockFallback.PROMPT_MISMATCH.value)
     end, ids, reason, pos = len(base), [], None, len(result)
     for span in spans:
         tokens = prompt.tokens[span.start : span.end]

@@ -19,6 +19,7 @@ from leyline_server.api import blocks_routes, chat_routes, info_routes, leyline_
 from leyline_server.api.deps import Owner, Service
 from leyline_server.api.errors import install_error_handlers
 from leyline_server.api.guard import Guard
+from leyline_server.api.pipeline import ChatPipeline
 from leyline_server.api.service import LeylineService
 
 __all__ = ["create_app"]
@@ -68,6 +69,7 @@ def create_app(service: LeylineService) -> FastAPI:
 
     app = FastAPI(title="Leyline", version="0.2.0", lifespan=lifespan)
     app.state.service = service
+    app.state.pipeline = ChatPipeline(service)
     install_error_handlers(app)
     app.add_middleware(Guard, config=service.config, metrics=service.metrics)
     _system_routes(app)

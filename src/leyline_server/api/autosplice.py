@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from leyline_sdk.core.errors import RenderError
 from leyline_sdk.explain.templates import Transcript
@@ -36,7 +36,7 @@ from leyline_server.api.render import BoundedChat, RenderService, message_digest
 from leyline_server.engines.base import SpliceRequest
 from leyline_server.sessions import Session, SessionStore
 
-__all__ = ["AutoSplicer", "AutoState", "AutoTurn"]
+__all__ = ["AutoSplicer", "AutoState", "AutoTurn", "Prompt"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,13 @@ class AutoTurn:
     session: Session | None = None
     state: AutoState | None = None  # the session's state when it was matched
     sources: list[str] = field(default_factory=list)  # who made each directive ("template")
+
+
+class Prompt(NamedTuple):
+    """A chat request's prompt tokens and, for a plain client under auto-splice, its conversation."""
+
+    tokens: list[int]
+    auto: AutoTurn | None = None
 
 
 class AutoSplicer:

@@ -1,203 +1,85 @@
-"""``POST /v1/chat/completions``: OpenAI's chat completions with the ``leyline`` extension, SSE or not."""
+"""``POST /v1/chat/completions``: OpenAI's chat completions with the ``leyline`` extension, SSE or not.
+
+The route parses and answers; the turn itself is :class:`~leyline_server.api.pipeline.ChatPipeline`'s.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack, aclosing
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter
-from starlette.responses import StreamingResponse
-from starlette.types import Message, Receive, Scope, Send
+from fastapi.responses import JSONResponse
 
-from leyline_server.api.constraints import plan_constraint
-from leyline_server.api.decoder import TextDecoder
-from leyline_server.api.deps import Owner, Service
+from leyline_server.api.deps import Owner, Pipeline
 from leyline_server.api.errors import APIError, error_body
-from leyline_server.api.params import check_request, sampling_params, stop_strings
-from leyline_server.api.prompting import prompt_shape
-from leyline_server.api.responses import Completion, logprob_entry, sse, usage
-from leyline_server.api.schemas import ChatCompletionRequest, check_content
-from leyline_server.api.service import ChatTurn, LeylineService
-from leyline_server.api.tools import ToolPlan, plan_tools
-from leyline_server.engines.base import CapacityError, Constraint, ConstraintError, SamplingParams
+from leyline_server.api.pipeline import OpenTurn
+from leyline_server.api.responses import Completion, sse
+from leyline_server.api.schemas import ChatCompletionRequest
+from leyline_server.api.streaming import ClosingStream
 
-__all__ = ["router", "ClosingStream"]
+__all__ = ["router"]
 
 router = APIRouter()
 log = logging.getLogger("leyline.api")
 
 
-class StreamStalled(Exception):
-    """The client stopped reading: a send waited past the stall timeout."""
-
-
-class ClosingStream(StreamingResponse):
-    """A streaming response that always runs ``on_close`` — finished, abandoned or never iterated.
-
-    A client that stops reading pauses the stream (its sends wait; decoding stops ``RUN_AHEAD``
-    steps later); past ``stall_timeout_s`` the stream is ended: the connection is closed and
-    ``on_close`` commits what was generated, as for a client that went away.
-    """
-
-    def __init__(
-        self,
-        content: AsyncIterator[str],
-        on_close: Callable[[], Awaitable[Any]],
-        stall_timeout_s: float | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(content, **kwargs)
-        self._content = content
-        self._on_close = on_close
-        self._stall_timeout_s = stall_timeout_s
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def send_or_stall(message: Message) -> None:
-            try:
-                await asyncio.wait_for(send(message), self._stall_timeout_s)
-            except asyncio.TimeoutError as exc:
-                raise StreamStalled from exc
-
-        try:
-            await super().__call__(scope, receive, send_or_stall)
-        except StreamStalled:
-            log.warning("stream ended: the client read nothing for %g s", self._stall_timeout_s)
-        finally:
-            aclose = getattr(self._content, "aclose", None)
-            if aclose is not None:
-                await aclose()
-            await self._on_close()
-
-
-async def _complete(
-    service: LeylineService,
-    chat: ChatTurn,
-    params: SamplingParams,
-    decoder: TextDecoder,
-    completion: Completion,
-) -> dict[str, Any]:
-    reason: str | None = None
-    logprobs: list[dict[str, Any]] | None = [] if params.logprobs else None
-    try:
-        async with aclosing(service.engine.stream(chat.turn, params)) as steps:
-            async for step in steps:
-                decoder.push(step.token)
-                reason = step.finish_reason
-                if logprobs is not None:
-                    logprobs.append(logprob_entry(service.tokenizer, step))
-                if decoder.stopped:
-                    break
-    except CapacityError as exc:  # the pool ran out mid-decode: no room, not a bug
-        raise APIError(503, "capacity", f"the KV pool ran out while decoding: {exc}") from exc
-    outcome = decoder.outcome(reason)
+async def _complete(turn: OpenTurn, completion: Completion, logprobs: bool) -> dict[str, Any]:
+    entries: list[dict[str, Any]] = []
+    async for delta in turn.deltas():
+        if delta.logprob is not None:
+            entries.append(delta.logprob)
+    assert turn.outcome is not None
+    leyline = turn.result().model_dump(mode="json")
     return completion.body(
-        outcome.message,
-        outcome.finish_reason,
-        logprobs,
-        usage=usage(chat.turn),
-        leyline=service.result(chat).model_dump(mode="json"),
+        turn.outcome.message,
+        turn.outcome.finish_reason,
+        entries if logprobs else None,
+        usage=turn.usage(),
+        leyline=leyline,
     )
 
 
-async def _events(
-    service: LeylineService,
-    chat: ChatTurn,
-    params: SamplingParams,
-    decoder: TextDecoder,
-    completion: Completion,
-    include_usage: bool,
-) -> AsyncIterator[str]:
+async def _events(turn: OpenTurn, completion: Completion, include_usage: bool) -> AsyncIterator[str]:
     try:
         yield completion.chunk({"role": "assistant", "content": ""})
-        reason: str | None = None
         pending: list[dict[str, Any]] = []
-        async with aclosing(service.engine.stream(chat.turn, params)) as steps:
-            async for step in steps:
-                delta = decoder.push(step.token)
-                reason = step.finish_reason
-                if params.logprobs:
-                    pending.append(logprob_entry(service.tokenizer, step))
-                if delta:
-                    yield completion.chunk({"content": delta}, logprobs=pending)
-                    pending = []
-                if decoder.stopped:
-                    break
-        outcome = decoder.outcome(reason)
-        rest = decoder.rest(outcome)
-        if rest or pending:
-            yield completion.chunk({"content": rest}, logprobs=pending)
+        async for delta in turn.deltas():
+            if delta.logprob is not None:
+                pending.append(delta.logprob)
+            if delta.text:
+                yield completion.chunk({"content": delta.text}, logprobs=pending)
+                pending = []
+        outcome = turn.outcome
+        assert outcome is not None
+        if turn.rest or pending:
+            yield completion.chunk({"content": turn.rest}, logprobs=pending)
         if outcome.calls:
             yield completion.chunk({"tool_calls": [{"index": i, **c} for i, c in enumerate(outcome.calls)]})
-        leyline = service.result(chat).model_dump(mode="json")
-        yield completion.chunk({}, outcome.finish_reason, leyline=leyline)
+        yield completion.chunk({}, outcome.finish_reason, leyline=turn.result().model_dump(mode="json"))
         if include_usage:
-            yield completion.usage_chunk(chat.turn)
-    except CapacityError as exc:  # headers are sent: report in the stream, then end it
-        yield sse(error_body(503, "capacity", f"the KV pool ran out while decoding: {exc}"))
+            yield completion.usage_chunk(turn.chat.turn)
+    except APIError as exc:  # headers are sent: report in the stream, then end it
+        yield sse(error_body(exc.status, exc.code, exc.message, exc.param))
     except Exception as exc:
         log.exception("stream %s failed", completion.id)
         yield sse(error_body(500, "internal_error", f"generation failed: {exc}"))
     yield "data: [DONE]\n\n"
 
 
-async def _constraint(service: LeylineService, body: ChatCompletionRequest, tools: ToolPlan) -> Constraint | None:
-    """The request's output constraint, compiled once here so that a bad one is a 400 naming its field."""
-    plan = plan_constraint(service.chat, tools, body.response_format, body.regex, body.ebnf)
-    if plan is None:
-        return None
-    try:
-        await service.engine.check_constraint(plan.constraint)
-    except ConstraintError as exc:
-        raise APIError(400, "invalid_constraint", str(exc), plan.param) from exc
-    return plan.constraint
-
-
-def _decoder(
-    service: LeylineService, body: ChatCompletionRequest, params: SamplingParams, tools: ToolPlan
-) -> TextDecoder:
-    eos = () if params.ignore_eos else service.engine.info.eos_token_ids
-    return TextDecoder(
-        service.tokenizer,
-        [*eos, *params.stop_token_ids],
-        stop_strings(body),
-        parse_tools=tools.parse,
-        parallel=tools.parallel,
-        skip_special=body.skip_special_tokens is not False,
-        keep_stop=bool(body.no_stop_trim),
-    )
-
-
 @router.post("/v1/chat/completions", response_model=None)
-async def chat_completions(body: ChatCompletionRequest, key: Owner, service: Service) -> Any:
+async def chat_completions(body: ChatCompletionRequest, key: Owner, pipeline: Pipeline) -> Any:
     """OpenAI's chat completion; ``leyline`` in the body asks for a session and directives."""
-    service.check_model(body.model)
-    check_request(body)
-    check_content(body.messages)
-    tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
-    shape = prompt_shape(service.chat, body)
-    stack = AsyncExitStack()
-    try:
-        ticket = await stack.enter_async_context(service.admission.slot(key))
-        constraint = await _constraint(service, body, tools)  # compiling is work: admitted first
-        prompt = await service.prompt(key, body.messages, body.tools, body.leyline, shape)
-        vocab = service.engine.info.vocab_size
-        params = sampling_params(body, len(prompt.tokens), service.context_tokens, vocab, constraint)
-        if body.max_tokens is None and body.max_completion_tokens is None and service.config.default_max_tokens:
-            params.max_tokens = min(params.max_tokens, service.config.default_max_tokens)
-        decoder = _decoder(service, body, params, tools)
-        turn = service.chat_turn(body.leyline, key, prompt, ticket, params.max_tokens)
-        chat = await stack.enter_async_context(turn)
-    except BaseException:
-        await stack.aclose()
-        raise
+    turn = await pipeline.open(body, key)
     completion = Completion(body.model, id=body.rid) if body.rid else Completion(body.model)
+    headers = turn.headers()
     if not body.stream:
-        async with stack:
-            return await _complete(service, chat, params, decoder, completion)
+        try:
+            return JSONResponse(await _complete(turn, completion, bool(body.logprobs)), headers=headers)
+        finally:
+            await turn.close()
     include_usage = bool(body.stream_options and body.stream_options.get("include_usage"))
-    events = _events(service, chat, params, decoder, completion, include_usage)
-    stall = service.config.stream_stall_timeout_s
-    return ClosingStream(events, stack.aclose, stall, media_type="text/event-stream")
+    events = _events(turn, completion, include_usage)
+    stall = pipeline.service.config.stream_stall_timeout_s
+    return ClosingStream(events, turn.close, stall, media_type="text/event-stream", headers=headers)

@@ -8,15 +8,22 @@ from fastapi import Depends, Request
 
 from leyline_server.api.errors import APIError
 from leyline_server.api.guard import owner_of
+from leyline_server.api.pipeline import ChatPipeline
 from leyline_server.api.service import LeylineService
 
-__all__ = ["get_service", "owner", "Owner", "Service"]
+__all__ = ["get_service", "get_pipeline", "owner", "Owner", "Service", "Pipeline"]
 
 
 def get_service(request: Request) -> LeylineService:
     """The app's :class:`LeylineService`."""
     service: LeylineService = request.app.state.service
     return service
+
+
+def get_pipeline(request: Request) -> ChatPipeline:
+    """The app's :class:`ChatPipeline` (the one chat turn every protocol's route runs)."""
+    pipeline: ChatPipeline = request.app.state.pipeline
+    return pipeline
 
 
 async def owner(request: Request) -> str | None:
@@ -29,4 +36,5 @@ async def owner(request: Request) -> str | None:
 
 
 Service = Annotated[LeylineService, Depends(get_service)]  # the app's service, as a parameter type
+Pipeline = Annotated[ChatPipeline, Depends(get_pipeline)]  # the app's chat pipeline, as a parameter type
 Owner = Annotated[str | None, Depends(owner)]  # the caller's API key, as a parameter type

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from leyline_sdk.core.directives import Directive
+from leyline_sdk.core.directives import Directive, check
+from leyline_sdk.core.errors import DirectiveError
+from leyline_sdk.core.fallbacks import FallbackCode
 from leyline_server.api.config import ServerConfig
 from leyline_server.api.errors import APIError
-from leyline_server.api.splicing import overflowing_directive
 from leyline_server.engines.base import Handle
 
-__all__ = ["check_directives", "check_tokens", "overflow"]
+__all__ = ["check_directives", "check_tokens", "overflow", "result_length", "overflowing_directive"]
 
 
 def check_directives(config: ServerConfig, directives: Sequence[Directive], param: str) -> None:
@@ -32,9 +33,9 @@ def check_tokens(tokens: Sequence[int], vocab_size: int, context: int, param: st
     """Token ids must exist in the vocabulary, and fit the context."""
     bad = [t for t in tokens if t < 0 or t >= vocab_size]
     if bad:
-        raise APIError(400, "token_invalid", f"token {bad[0]} is outside the vocabulary", param)
+        raise APIError(400, FallbackCode.TOKEN_INVALID.value, f"token {bad[0]} is outside the vocabulary", param)
     if len(tokens) > context:
-        raise APIError(400, "context_length_exceeded", f"more than {context} tokens", param)
+        raise APIError(400, FallbackCode.CONTEXT_LENGTH.value, f"more than {context} tokens", param)
 
 
 def overflow(
@@ -46,3 +47,44 @@ def overflow(
         return None
     i, length = over
     return i, f"directive {i}: the result would be {length} tokens long (from {base}); the context holds {context}"
+
+
+def result_length(base_length: int, directives: Sequence[Directive], blocks: Mapping[str, Handle]) -> int | None:
+    """``len(apply(base, directives))`` without applying them; ``None`` when they do not apply to
+    the base at all (the splice reports that as ``span_invalid``)."""
+    deltas = _deltas(base_length, directives, blocks)
+    return None if deltas is None else base_length + sum(deltas)
+
+
+def overflowing_directive(
+    base_length: int, directives: Sequence[Directive], blocks: Mapping[str, Handle], limit: int
+) -> tuple[int, int] | None:
+    """``(i, length)`` when ``apply(base, directives)`` would be longer than ``limit`` tokens: ``i`` is
+    the first directive whose running result passes it. ``None`` when it fits or does not apply."""
+    deltas = _deltas(base_length, directives, blocks)
+    if deltas is None or base_length + sum(deltas) <= limit:
+        return None
+    running = base_length
+    for i, delta in enumerate(deltas):
+        running += delta
+        if running > limit:
+            return i, base_length + sum(deltas)
+    raise AssertionError("the last running length is the total")
+
+
+def _deltas(base_length: int, directives: Sequence[Directive], blocks: Mapping[str, Handle]) -> list[int] | None:
+    try:
+        check(directives, base_length)
+    except DirectiveError:
+        return None
+    return _deltas_of(directives, blocks)
+
+
+def _deltas_of(directives: Sequence[Directive], blocks: Mapping[str, Handle]) -> list[int]:
+    """How much each directive changes the length (a named block's tokens stand in for an empty replacement)."""
+    out = []
+    for d in directives:
+        block = blocks.get(d.block) if d.block is not None else None
+        size = len(block.tokens) if block is not None and not d.replacement else len(d.replacement)
+        out.append(size - (d.end - d.start))
+    return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from leyline_sdk.core.fallbacks import FallbackCode
 from leyline_server.api.errors import APIError
 from leyline_server.api.fields import refuse_unsupported
 from leyline_server.api.schemas import ChatCompletionRequest
@@ -75,7 +76,7 @@ def sampling_params(
         wanted = f" + {asked} max tokens" if asked is not None else ""
         raise APIError(
             400,
-            "context_length_exceeded",
+            FallbackCode.CONTEXT_LENGTH.value,
             f"{prompt_tokens} prompt tokens{wanted} exceed the context of {context} tokens",
             "messages",
         )

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from leyline_sdk.core.errors import RenderError
+from leyline_sdk.core.fallbacks import FallbackCode
 from leyline_sdk.render.incremental import IncrementalRenderer, Snapshot
 from leyline_sdk.render.rendering import HFChatTokenizer, RenderedConversation, normalize_messages
 from leyline_server.api.config import CHARS_PER_TOKEN, ServerConfig
@@ -170,7 +171,7 @@ class RenderService:
         chars = _chars([m.model_dump(exclude_none=True) if hasattr(m, "model_dump") else m for m in messages])
         chars += _chars(list(tools or []))
         if chars > self.max_chars:
-            raise APIError(400, "context_length_exceeded", self._too_long(chars), param)
+            raise APIError(400, FallbackCode.CONTEXT_LENGTH.value, self._too_long(chars), param)
 
     def _too_long(self, chars: int) -> str:
         return (
@@ -180,7 +181,7 @@ class RenderService:
 
     def _check_text(self, text: str) -> None:
         if len(text) > self.max_chars:
-            raise APIError(400, "context_length_exceeded", self._too_long(len(text)), "messages")
+            raise APIError(400, FallbackCode.CONTEXT_LENGTH.value, self._too_long(len(text)), "messages")
 
     async def run(self, owner: str | None, job: Callable[[BoundedChat], T]) -> T:
         """``job(chat)`` on a render thread, one at a time per key; template errors are 400s."""

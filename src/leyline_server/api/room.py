@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from leyline_sdk.core.fallbacks import FallbackCode
 from leyline_server.api.admission import Admission, Ticket
 from leyline_server.api.errors import APIError
 from leyline_server.blocks import BlockStore
@@ -72,5 +73,5 @@ class Room:
                 return await attempt(first)
             except CapacityError as exc:
                 if not self.shed(tokens, keep=keep):
-                    raise APIError(503, "capacity", f"no room in the KV pool: {exc}") from exc
+                    raise APIError(503, FallbackCode.CAPACITY.value, f"no room in the KV pool: {exc}") from exc
             first = False

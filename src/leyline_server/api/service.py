@@ -1,4 +1,8 @@
-"""The server's behaviour behind the routes: sessions, splices, turns, limits. No HTTP here.
+"""The server's state and the primitives of a turn: sessions, blocks, room, the engine. No HTTP here.
+
+The order a chat turn runs these in lives in :mod:`.pipeline`; this module holds what the steps
+act on and the steps that touch the engine (:meth:`LeylineService.start_plain`,
+:meth:`LeylineService.session_turn`), plus the sessions and blocks routes' operations.
 
 Threading: the event loop owns the session store and admission; chat templates render on the
 render threads (:mod:`.render`); every touch of the KV cache happens inside the engine
@@ -15,38 +19,31 @@ every kind of allocation alike when the pool is full).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 from leyline_sdk.core.directives import Directive, digest
+from leyline_sdk.core.fallbacks import FallbackCode
 from leyline_sdk.core.wire import BaseRef, FallbackInfo, LeylineRequest, LeylineResult
 from leyline_server.api.admission import Admission, Ticket
-from leyline_server.api.autosplice import AutoSplicer, AutoTurn
+from leyline_server.api.autosplice import AutoSplicer, AutoTurn, Prompt
 from leyline_server.api.config import ServerConfig
 from leyline_server.api.errors import APIError
-from leyline_server.api.limits import check_directives, check_tokens, overflow
+from leyline_server.api.limits import check_directives, check_tokens, overflow, result_length
 from leyline_server.api.metrics import Metrics
 from leyline_server.api.render import PromptShape, RenderService
 from leyline_server.api.room import Room
-from leyline_server.api.splicing import resolve_session, result_length, splice_request
+from leyline_server.api.session_choice import splice_request
 from leyline_server.blocks import Block, BlockStore
 from leyline_server.engines.base import CacheScope, CapacityError, Engine, Handle, SpliceRequest, Turn
 from leyline_server.sessions import Session, SessionStore
 from leyline_server.splice import SpliceError, SpliceReport, strict_status
-from leyline_server.splice.report import Fallback, FallbackCode
+from leyline_server.splice.report import Fallback
 
 __all__ = ["ServerConfig", "LeylineService", "ChatTurn", "Prompt"]
 
 T = TypeVar("T")
-
-
-class Prompt(NamedTuple):
-    """A chat request's prompt tokens and, for a plain client under auto-splice, its conversation."""
-
-    tokens: list[int]
-    auto: AutoTurn | None = None
 
 
 @dataclass
@@ -138,71 +135,32 @@ class LeylineService:
                 return Prompt(auto.tokens, auto)
         return Prompt(await self.render.tokens(owner, messages, tools, True, shape))
 
-    @asynccontextmanager
-    async def chat_turn(
-        self, ext: LeylineRequest | None, owner: str | None, prompt: Prompt, ticket: Ticket, max_tokens: int
-    ) -> AsyncIterator[ChatTurn]:
-        """Resolve the session, splice if asked, reserve the KV, prefill; yield the turn; keep or
-        release its handle. Hold the context for as long as the turn decodes."""
-        tokens, auto = prompt.tokens, prompt.auto
-        if ext is not None:
-            check_directives(self.config, ext.directives, "leyline.directives")
-        # a session's old base: below; the session this turn continues is not shed to make room
-        own = self.sessions.get(ext.session_id, owner) if ext is not None and ext.session_id else None
-        await self.room.reserve(ticket, len(tokens) + max_tokens, keep=own or (auto.session if auto else None))
-        if ext is not None:
-            session, fallback = resolve_session(self.sessions, self.salt(owner), ext, owner)
-        elif auto is not None:
-            session, fallback = auto.session or self.sessions.open(owner, self.salt(owner)), None
-        else:
-            chat = await self._start_with_room(None, tokens, CacheScope(self.salt(owner)), None, None)
-            try:
-                yield chat
-            finally:
-                self.engine.release(chat.turn.handle)
-            return
-        async with AsyncExitStack() as held:
-            named = held.enter_context(self.blocks.using((d.block for d in ext.directives) if ext else (), owner))
-            await held.enter_async_context(self.sessions.use(session))
-            if auto is not None and auto.session is not None and not self.auto.continues(session, auto):
-                await held.aclose()  # another request moved that conversation on: a new session
-                auto.session, session = None, self.sessions.open(owner, self.salt(owner))
-                await held.enter_async_context(self.sessions.use(session))
-            chat = await self._session_turn(ext, owner, session, prompt, ticket, max_tokens, fallback, named)
-            try:
-                yield chat
-            finally:
-                session.handle = chat.turn.handle
+    async def start_plain(self, prompt: list[int], owner: str | None) -> ChatTurn:
+        """Prefill a turn without a session (the prefix cache alone); release its handle when done."""
+        return await self._start_with_room(None, prompt, CacheScope(self.salt(owner)), None, None)
 
-    async def _session_turn(
+    async def session_turn(
         self,
         ext: LeylineRequest | None,
         owner: str | None,
         session: Session,
         prompt: Prompt,
         ticket: Ticket,
-        max_tokens: int,
         fallback: FallbackInfo | None,
         named: Mapping[str, Handle],
     ) -> ChatTurn:
+        """Splice the held ``session`` as the turn asks and prefill ``prompt`` (one engine job).
+
+        The session's old base stays pinned until the new one is built; a strict splice error is a
+        4xx (the session unchanged); any other failure drops the session.
+        """
         tokens, auto = prompt.tokens, prompt.auto
-        request, base_fallback = None, None
-        if auto is not None:
-            request = await self.auto.splice_request(session, auto) if session.handle is not None else None
-        else:
-            assert ext is not None
-            self.auto.forget(session)  # a client's own splices: no longer a plain client's conversation
-            if session.handle is not None:
-                request, base_fallback = splice_request(named, ext, session, tokens)
-            elif ext.directives and fallback is None:
-                message = "a new session has no base to apply directives to"
-                if ext.strict:
-                    raise APIError(409, "base_mismatch", message, "leyline.directives")
-                base_fallback = FallbackInfo(code="base_mismatch", message=message)
+        request, base_fallback = await self._splice_request(ext, session, prompt, named, fallback)
         base = session.tokens
         too_long = overflow(len(base), ext.directives, request.blocks, self.context_tokens) if ext and request else None
         if too_long is not None:
-            raise APIError(400, "context_length_exceeded", too_long[1], f"leyline.directives.{too_long[0]}")
+            param = f"leyline.directives.{too_long[0]}"
+            raise APIError(400, FallbackCode.CONTEXT_LENGTH.value, too_long[1], param)
         if tokens[: len(base)] != base:  # the old base stays pinned until the new one is built
             await self.room.reserve(ticket, len(base))
         handle, session.handle = session.handle, None
@@ -221,6 +179,28 @@ class LeylineService:
             self.auto.commit(session, auto)
         return chat
 
+    async def _splice_request(
+        self,
+        ext: LeylineRequest | None,
+        session: Session,
+        prompt: Prompt,
+        named: Mapping[str, Handle],
+        fallback: FallbackInfo | None,
+    ) -> tuple[SpliceRequest | None, FallbackInfo | None]:
+        """The splice the turn asks the engine for, and a base fallback to report."""
+        if ext is None:
+            assert prompt.auto is not None
+            return (await self.auto.splice_request(session, prompt.auto) if session.handle is not None else None), None
+        self.auto.forget(session)  # a client's own splices: no longer a plain client's conversation
+        if session.handle is not None:
+            return splice_request(named, ext, session, prompt.tokens)
+        if ext.directives and fallback is None:
+            message = "a new session has no base to apply directives to"
+            if ext.strict:
+                raise APIError(409, FallbackCode.BASE_MISMATCH.value, message, "leyline.directives")
+            return None, FallbackInfo(code=FallbackCode.BASE_MISMATCH.value, message=message)
+        return None, None
+
     async def _start_with_room(
         self,
         session: Session | None,
@@ -236,7 +216,7 @@ class LeylineService:
                 return await self._start(session, prompt, scope, request, handle)
             chat = await self._start(session, prompt, scope, None, None)  # the engine released the handle
             chat.fallback = chat.fallback or FallbackInfo(
-                code="capacity", message="KV pool full: idle sessions dropped, served as a forget"
+                code=FallbackCode.CAPACITY.value, message="KV pool full: idle sessions dropped, served as a forget"
             )
             return chat
 
@@ -306,7 +286,9 @@ class LeylineService:
         """The caller's session or 404 (also for another key's session)."""
         session = self.sessions.get(session_id, owner)
         if session is None:
-            raise APIError(404, "session_not_found", f"unknown or expired session {session_id!r}", "session_id")
+            raise APIError(
+                404, FallbackCode.SESSION_NOT_FOUND.value, f"unknown or expired session {session_id!r}", "session_id"
+            )
         return session
 
     async def splice_session(
@@ -324,7 +306,9 @@ class LeylineService:
         session = self.get_session(session_id, owner)
         async with self.sessions.use(session):
             if session.handle is None:
-                raise APIError(404, "session_not_found", f"session {session_id!r} holds no cache", "session_id")
+                raise APIError(
+                    404, FallbackCode.SESSION_NOT_FOUND.value, f"session {session_id!r} holds no cache", "session_id"
+                )
             self.auto.forget(session)
             with self.blocks.using((d.block for d in directives), owner) as blocks:
                 report = await self._splice_held(session, directives, base, strict, ticket, blocks)
@@ -361,7 +345,7 @@ class LeylineService:
             raise self._splice_error(exc, "directives") from exc
         except CapacityError as exc:
             self.sessions.drop(session)
-            raise APIError(503, "capacity", str(exc)) from exc
+            raise APIError(503, FallbackCode.CAPACITY.value, str(exc)) from exc
         return report
 
     async def open_block(self, owner: str | None, tokens: list[int], ticket: Ticket) -> Block:

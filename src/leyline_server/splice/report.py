@@ -1,27 +1,14 @@
-"""What a splice reports: stable fallback codes, the report, and the strict-mode error."""
+"""What a splice reports: the fallback (codes: :mod:`leyline_sdk.core.fallbacks`), the report, the strict-mode error."""
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import Literal
 
 from pydantic import BaseModel
 
+from leyline_sdk.core.fallbacks import FallbackCode
+
 __all__ = ["FallbackCode", "Fallback", "SpliceReport", "SpliceError", "Refused", "strict_status"]
-
-
-class FallbackCode(str, Enum):
-    """Why a splice was not applied as asked (stable, reported to clients)."""
-
-    BASE_MISMATCH = "base_mismatch"
-    SPAN_INVALID = "span_invalid"
-    TOKEN_INVALID = "token_invalid"
-    PROMPT_MISMATCH = "prompt_mismatch"
-    ROPE_UNSUPPORTED = "rope_unsupported"
-    DRIFT_BUDGET = "drift_budget"
-    CANARY_FAILED = "canary_failed"
-    CAPACITY = "capacity"
-    CONTEXT_LENGTH = "context_length_exceeded"
 
 
 class Fallback(BaseModel):

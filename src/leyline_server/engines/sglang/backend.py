@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from leyline_sdk.core.directives import KeptRun
+from leyline_sdk.core.fallbacks import FallbackCode
 from leyline_server.engines.base import CacheScope, CanaryResult, CapacityError, Handle, ModelInfo, Prefilled
 
 __all__ = ["ControlError", "SGLangHandle", "SGLangSpliceBackend", "Transport", "namespace"]
@@ -237,7 +238,7 @@ class SGLangSpliceBackend:
                 self.transport.control("extend", args)
                 return
             except ControlError as exc:
-                if exc.code == "capacity":
+                if exc.code == FallbackCode.CAPACITY.value:
                     raise CapacityError(str(exc)) from exc
                 if exc.code != "missing_prefix" or attempt:
                     raise CapacityError(f"the splice's prefix was evicted before it could be extended: {exc}") from exc

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from leyline_sdk.core.fallbacks import FallbackCode
 from leyline_server.engines.sglang.layer0 import KeyFunction, layer0_key_function
 from leyline_server.engines.sglang.rotary import find_rotary, rope_spec_from_rotary
 from leyline_server.kernels import rotate_copy_layers
@@ -166,7 +167,9 @@ class SchedulerSplicer:
             self.allocator.evict_to_free_tokens(self.tree, n)
             slots = self.allocator.alloc(n)
         if slots is None:
-            raise OpError("capacity", f"need {n} KV slots, {self.allocator.available_size()} free after eviction")
+            raise OpError(
+                FallbackCode.CAPACITY.value, f"need {n} KV slots, {self.allocator.available_size()} free after eviction"
+            )
         return slots
 
     # -- operations ---------------------------------------------------------------------------------

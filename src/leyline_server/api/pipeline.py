@@ -1,0 +1,222 @@
+"""One chat turn, one pipeline: every wire protocol feeds it a conversation and reads back its result.
+
+A route parses its protocol's request into a :class:`~leyline_server.api.schemas.ChatCompletionRequest`
+(the conversation: messages, tools, sampling, constraint, the ``leyline`` extension) and calls
+:meth:`ChatPipeline.open`, which runs the turn's steps in this order, each one bounded before the
+next starts:
+
+1. **check** — model, fields, content, tools (cheap, before anything is admitted);
+2. **admit** — a slot of the key's share (:mod:`.admission`);
+3. **constrain** — the output constraint, compiled (a bad one is a 400 naming its field);
+4. **render** — the prompt, off the event loop, and the conversation it continues (:mod:`.render`,
+   :mod:`.autosplice`);
+5. **choose the session** — the extension's, the recognised conversation's, or none (a plain
+   request: the prefix cache alone) (:mod:`.session_choice`);
+6. **reserve** — the turn's KV on the admission ticket (:mod:`.room`);
+7. **splice + prefill** — one engine job (``Engine.start_turn``);
+
+and returns an :class:`OpenTurn`, from which the route reads:
+
+8. **decode** — :meth:`OpenTurn.deltas` (text as it becomes safe to show, logprobs), then
+   :attr:`OpenTurn.outcome` (the message, its tool calls, the finish reason);
+9. **report** — :meth:`OpenTurn.result` (the ``leyline`` field), :meth:`OpenTurn.usage`,
+   :meth:`OpenTurn.headers` (the same facts for protocols without that field).
+
+:meth:`OpenTurn.close` keeps or releases what the turn holds (the session's new base, the admission
+slot); routes call it however the answer ends (a streamed one: when the stream closes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, aclosing
+from dataclasses import dataclass, field
+from typing import Any
+
+from leyline_sdk.core.fallbacks import FallbackCode
+from leyline_sdk.core.wire import LeylineResult
+from leyline_server.api.admission import Ticket
+from leyline_server.api.constraints import plan_constraint
+from leyline_server.api.decoder import Outcome, TextDecoder
+from leyline_server.api.errors import APIError
+from leyline_server.api.params import check_request, sampling_params, stop_strings
+from leyline_server.api.prompting import prompt_shape
+from leyline_server.api.responses import logprob_entry, usage
+from leyline_server.api.schemas import ChatCompletionRequest, check_content
+from leyline_server.api.service import ChatTurn, LeylineService, Prompt
+from leyline_server.api.session_choice import choose_session, held_session
+from leyline_server.api.tools import ToolPlan, plan_tools
+from leyline_server.engines.base import CapacityError, Constraint, ConstraintError, SamplingParams
+
+__all__ = ["ChatPipeline", "OpenTurn", "Delta"]
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One decode step as a route shows it: the text now safe to show, and its logprobs entry."""
+
+    text: str
+    logprob: dict[str, Any] | None = None
+
+
+@dataclass
+class OpenTurn:
+    """A turn that is prefilled and ready to decode; see the module docstring (steps 8 and 9)."""
+
+    service: LeylineService
+    chat: ChatTurn
+    params: SamplingParams
+    decoder: TextDecoder
+    stack: AsyncExitStack
+    outcome: Outcome | None = None
+    rest: str = ""  # the outcome's content not shown by any delta yet
+    _closed: bool = field(default=False, repr=False)
+
+    async def deltas(self) -> AsyncIterator[Delta]:
+        """Decode; yield each step's safe text (``""`` while held back) and logprobs entry.
+
+        Sets :attr:`outcome` and :attr:`rest` once decoding ends. A pool that runs out mid-decode
+        is a 503 ``capacity`` (:class:`APIError`).
+        """
+        service, params, decoder = self.service, self.params, self.decoder
+        reason: str | None = None
+        try:
+            async with aclosing(service.engine.stream(self.chat.turn, params)) as steps:
+                async for step in steps:
+                    text = decoder.push(step.token)
+                    reason = step.finish_reason
+                    entry = logprob_entry(service.tokenizer, step) if params.logprobs else None
+                    yield Delta(text, entry)
+                    if decoder.stopped:
+                        break
+        except CapacityError as exc:  # the pool ran out mid-decode: no room, not a bug
+            raise APIError(503, FallbackCode.CAPACITY.value, f"the KV pool ran out while decoding: {exc}") from exc
+        self.outcome = decoder.outcome(reason)
+        self.rest = decoder.rest(self.outcome)
+
+    async def run(self) -> Outcome:
+        """Decode to the end without showing anything (a whole answer); the outcome."""
+        async for _ in self.deltas():
+            pass
+        assert self.outcome is not None
+        return self.outcome
+
+    def result(self) -> LeylineResult:
+        """The ``leyline`` field: session, base, what was reused, rotated and prefilled, fallback."""
+        return self.service.result(self.chat)
+
+    def usage(self) -> dict[str, Any]:
+        """OpenAI's ``usage`` of the turn so far (``cached_tokens``: reused + rotated prompt tokens)."""
+        return usage(self.chat.turn)
+
+    def headers(self) -> dict[str, str]:
+        """What the turn did to the cache, as response headers (for protocols without a ``leyline`` field)."""
+        return report_headers(self.result())
+
+    async def close(self) -> None:
+        """Keep the session's new base (or release a plain turn's cache) and free the admission slot."""
+        if not self._closed:
+            self._closed = True
+            await self.stack.aclose()
+
+
+def report_headers(result: LeylineResult) -> dict[str, str]:
+    """``X-Leyline-*`` headers: the session, the token counts, the fallback and who made the directives."""
+    out = {
+        "x-leyline-reused-tokens": str(result.reused_tokens),
+        "x-leyline-rotated-tokens": str(result.rotated_tokens),
+        "x-leyline-prefilled-tokens": str(result.prefilled_tokens),
+        "x-leyline-approximate-tokens": str(result.approximate_tokens),
+    }
+    if result.session_id:
+        out["x-leyline-session"] = result.session_id
+    if result.fallback is not None:
+        out["x-leyline-fallback"] = result.fallback.code
+    if result.sources:
+        out["x-leyline-spliced"] = ",".join(f"{s}={result.sources.count(s)}" for s in sorted(set(result.sources)))
+    return out
+
+
+class ChatPipeline:
+    """The one chat turn (see the module docstring); every protocol's route calls :meth:`open`."""
+
+    def __init__(self, service: LeylineService) -> None:
+        self.service = service
+
+    async def open(self, req: ChatCompletionRequest, owner: str | None) -> OpenTurn:
+        """Steps 1–7 for ``req`` on behalf of ``owner``; the turn, ready to decode (close it)."""
+        service = self.service
+        tools = self._check(req)  # 1. check
+        shape = prompt_shape(service.chat, req)
+        stack = AsyncExitStack()
+        try:
+            ticket = await stack.enter_async_context(service.admission.slot(owner))  # 2. admit
+            constraint = await self._constrain(req, tools)  # 3. constrain
+            prompt = await service.prompt(owner, req.messages, req.tools, req.leyline, shape)  # 4. render
+            params = self._sampling(req, prompt, constraint)
+            decoder = self._decoder(req, params, tools)
+            chat = await self._start(stack, req, owner, prompt, ticket, params.max_tokens)  # 5.–7.
+        except BaseException:
+            await stack.aclose()
+            raise
+        return OpenTurn(service, chat, params, decoder, stack)
+
+    def _check(self, req: ChatCompletionRequest) -> ToolPlan:
+        self.service.check_model(req.model)
+        check_request(req)
+        check_content(req.messages)
+        return plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
+
+    async def _constrain(self, req: ChatCompletionRequest, tools: ToolPlan) -> Constraint | None:
+        """The output constraint, compiled once here so that a bad one is a 400 naming its field."""
+        plan = plan_constraint(self.service.chat, tools, req.response_format, req.regex, req.ebnf)
+        if plan is None:
+            return None
+        try:
+            await self.service.engine.check_constraint(plan.constraint)
+        except ConstraintError as exc:
+            raise APIError(400, "invalid_constraint", str(exc), plan.param) from exc
+        return plan.constraint
+
+    def _sampling(self, req: ChatCompletionRequest, prompt: Prompt, constraint: Constraint | None) -> SamplingParams:
+        service = self.service
+        vocab = service.engine.info.vocab_size
+        params = sampling_params(req, len(prompt.tokens), service.context_tokens, vocab, constraint)
+        if req.max_tokens is None and req.max_completion_tokens is None and service.config.default_max_tokens:
+            params.max_tokens = min(params.max_tokens, service.config.default_max_tokens)
+        return params
+
+    def _decoder(self, req: ChatCompletionRequest, params: SamplingParams, tools: ToolPlan) -> TextDecoder:
+        service = self.service
+        eos = () if params.ignore_eos else service.engine.info.eos_token_ids
+        return TextDecoder(
+            service.tokenizer,
+            [*eos, *params.stop_token_ids],
+            stop_strings(req),
+            parse_tools=tools.parse,
+            parallel=tools.parallel,
+            skip_special=req.skip_special_tokens is not False,
+            keep_stop=bool(req.no_stop_trim),
+        )
+
+    async def _start(
+        self,
+        stack: AsyncExitStack,
+        req: ChatCompletionRequest,
+        owner: str | None,
+        prompt: Prompt,
+        ticket: Ticket,
+        max_tokens: int,
+    ) -> ChatTurn:
+        """Steps 5–7: choose the session, reserve the KV, splice and prefill; what to undo goes on ``stack``."""
+        service, ext = self.service, req.leyline
+        choice = choose_session(service, ext, owner, prompt)  # 5. choose the session
+        await service.room.reserve(ticket, len(prompt.tokens) + max_tokens, keep=choice.keep)  # 6. reserve
+        if choice.plain:
+            chat = await service.start_plain(prompt.tokens, owner)  # 7. prefill (the prefix cache alone)
+            stack.callback(lambda: service.engine.release(chat.turn.handle))
+            return chat
+        session, named = await held_session(service, stack, choice, ext, owner, prompt)
+        chat = await service.session_turn(ext, owner, session, prompt, ticket, choice.fallback, named)  # 7.
+        stack.callback(lambda: setattr(session, "handle", chat.turn.handle))  # the new base, after decoding
+        return chat
