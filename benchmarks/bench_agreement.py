@@ -37,9 +37,10 @@ from tool_traces import TOOLS, agent_session  # noqa: E402
 from leyline_policies.stubs import tool_stub  # noqa: E402
 from leyline_sdk.explain.diff import common_prefix_length, diff_to_directives  # noqa: E402
 from leyline_sdk.render.rendering import HFChatTokenizer  # noqa: E402
-from leyline_server.engines.base import CacheScope, SamplingParams, SpliceRequest  # noqa: E402
+from leyline_server.engines.base import SpliceRequest  # noqa: E402
 from leyline_server.engines.config import EngineConfig  # noqa: E402
 from leyline_server.engines.embedded.presets import load_engine  # noqa: E402
+from leyline_server.engines.values import CacheScope, SamplingParams
 from leyline_server.splice import splice  # noqa: E402
 
 QUESTION = {"role": "user", "content": "In one sentence: what have the tool outputs shown so far?"}
@@ -73,7 +74,7 @@ class Arms:
         self._reset()
         tokens = self.chat.render(messages, tools=TOOLS).tokens
         result = self.engine.prefill(tokens, CacheScope(private="fresh"))
-        return self._answer(result.handle, result.state)
+        return self._answer(result.handle, result.last_logits)
 
     def spliced(self, messages: list[dict], edits: list[list[dict]], question: dict) -> Answer:
         """Cache ``messages``, apply each edited version as amortize directives, then ask."""
@@ -89,7 +90,7 @@ class Arms:
             old = new
         prompt = self.chat.render([*edits[-1], question], tools=TOOLS).tokens
         result = self.engine.prefill(prompt, scope, previous=handle)
-        return self._answer(result.handle, result.state)
+        return self._answer(result.handle, result.last_logits)
 
 
 def stubbed(messages: list[dict], count: int) -> list[list[dict]]:

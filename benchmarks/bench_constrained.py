@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
-from leyline_server.engines.base import SHARED, Constraint, SamplingParams
 from leyline_server.engines.config import EngineConfig
 from leyline_server.engines.factory import build_engine
 from leyline_server.engines.logits import Processors
+from leyline_server.engines.values import SHARED, Constraint, SamplingParams
 
 SCHEMA = {
     "type": "object",
@@ -51,7 +51,7 @@ def decode(
     core = engine.core
     result = core.prefill(ids, SHARED)
     start = time.perf_counter()
-    tokens = [step.token for step in core.decode(result.handle, result.state, params, None, processors)]
+    tokens = [step.token for step in core.decode(result.handle, result.last_logits, params, None, processors)]
     elapsed = time.perf_counter() - start
     core.release(result.handle)
     return elapsed, tokens

@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from leyline_server.engines.base import SHARED, SamplingParams
 from leyline_server.engines.config import EngineConfig
 from leyline_server.engines.embedded.presets import load_engine
+from leyline_server.engines.values import SHARED, SamplingParams
 
 
 def hf_prefill_and_decode(model: Any, ids: list[int], steps: int) -> tuple[float, float, list[int]]:
@@ -50,7 +50,7 @@ def engine_prefill_and_decode(engine: Any, ids: list[int], steps: int) -> tuple[
     result = engine.prefill(ids, SHARED)
     prefill = time.perf_counter() - t0
     t0 = time.perf_counter()
-    tokens = [s.token for s in engine.decode(result.handle, result.state, SamplingParams(max_tokens=steps + 1))]
+    tokens = [s.token for s in engine.decode(result.handle, result.last_logits, SamplingParams(max_tokens=steps + 1))]
     decode = time.perf_counter() - t0
     engine.release(result.handle)
     engine.pool.free(engine.radix.evict(engine.pool.capacity))

@@ -11,7 +11,7 @@ import torch
 from notes_cases import TOOLS
 
 from leyline_sdk.render.rendering import HFChatTokenizer
-from leyline_server.engines.base import CacheScope, Handle, Prefilled, SamplingParams, SpliceRequest
+from leyline_server.engines.values import CacheScope, Handle, Prefilled, SamplingParams, SpliceRequest
 from leyline_server.splice import splice
 
 
@@ -57,11 +57,13 @@ class Bench:
 
     def answer(self, result: Prefilled, ttft_ms: float, computed: int) -> Outcome:
         """Greedy-decode after ``result``, release its handle."""
-        steps = list(self.engine.decode(result.handle, result.state, SamplingParams(max_tokens=self.answer_tokens)))
+        steps = list(
+            self.engine.decode(result.handle, result.last_logits, SamplingParams(max_tokens=self.answer_tokens))
+        )
         self.engine.release(result.handle)
         tokens = [s.token for s in steps]
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        return Outcome(text.strip(), tokens[0], result.state.double(), ttft_ms, computed)
+        return Outcome(text.strip(), tokens[0], result.last_logits.double(), ttft_ms, computed)
 
     def timed_prefill(self, tokens: Sequence[int], scope: CacheScope) -> Outcome:
         """Prefill (reusing what ``scope`` matches) and answer; the prefill is the time to first token."""

@@ -20,7 +20,7 @@ import signal
 import sys
 from typing import Any
 
-from leyline_server.engines.config import DTYPES, ENGINES, EngineConfig
+from leyline_server.engines.config import DEFAULT_ROTATION_BUDGET, DTYPES, ENGINES, EngineConfig
 
 __all__ = ["main", "build_parser", "build_service", "engine_config", "server_config", "parse_args", "kv_budget_mb"]
 
@@ -51,6 +51,14 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
         "--swap-space", type=float, default=4.0,
         help="llama.cpp engine: GiB of host memory for the KV of idle sessions parked out of the pool "
         "(idle sequences in the pool slow every decode); 0 keeps them in the pool",
+    )  # fmt: skip
+    group.add_argument(
+        "--rotation-budget", type=int, default=DEFAULT_ROTATION_BUDGET,
+        help="rotations one cached key may take; a splice past it falls back (drift_budget)",
+    )  # fmt: skip
+    group.add_argument(
+        "--canary-tolerance", type=float, default=None,
+        help="largest relative layer-0 key error a splice may show (default: by the KV dtype)",
     )  # fmt: skip
 
 
@@ -170,6 +178,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         prefix_cache=not args.disable_prefix_cache,
         swap_space_gb=float(args.swap_space),
         engine_args=tuple(getattr(args, "engine_args", ())),
+        rotation_budget=args.rotation_budget,
+        canary_tolerance=args.canary_tolerance,
     )
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from leyline_sdk.core.directives import digest
-from leyline_server.engines.base import CacheScope, Handle
+from leyline_server.engines.values import CacheScope, Handle
 
 __all__ = ["Session", "SessionStore"]
 

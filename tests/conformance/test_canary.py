@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from leyline_sdk.core.directives import KeptRun
-from leyline_server.engines.base import CacheScope
+from leyline_server.engines.values import CacheScope
 from tests.conformance.servers import MODELS, SERVES, available_engines
 
 SESSION = [(53 * i + 5) % 900 + 60 for i in range(80)]

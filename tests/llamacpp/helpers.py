@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
-from leyline_server.engines.base import CacheScope, SpliceRequest
 from leyline_server.engines.llamacpp.convert import write_llama_gguf
 from leyline_server.engines.llamacpp.engine import LlamaCppEngine
 from leyline_server.engines.llamacpp.lib import LlamaModel
+from leyline_server.engines.values import CacheScope, SpliceRequest
 from leyline_server.splice import splice
 
 SCOPE = CacheScope(private="test-session")
@@ -41,7 +41,7 @@ def engine(path: Path, n_ctx: int = 4096, kv_type: str = "float32", **kw) -> Lla
 def prefill(eng: LlamaCppEngine, tokens, previous=None, scope: CacheScope = SCOPE):
     """(handle, last logits, reused)."""
     result = eng.prefill(tokens, scope, previous=previous)
-    return result.handle, result.state, result.reused
+    return result.handle, result.last_logits, result.reused
 
 
 def run_splice(eng, handle, directives, strict=False, blocks=None, **kw):

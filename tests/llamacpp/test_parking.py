@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from leyline_sdk.core.directives import Directive, KeptRun, apply
-from leyline_server.engines.base import CacheScope, SamplingParams
 from leyline_server.engines.llamacpp.serving import AsyncLlamaCppEngine
+from leyline_server.engines.values import CacheScope, SamplingParams
 from tests.llamacpp.helpers import BASE, fresh_logits, max_diff, prefill, run_splice
 from tests.llamacpp.helpers import engine as _engine
 
@@ -139,7 +139,7 @@ async def test_a_stream_in_flight_is_never_parked(tiny1):
     expected = {}
     for name, prompt in (("a", BASE[:200]), ("b", [9] + BASE[:150])):
         result = oracle.prefill(prompt, A)
-        expected[name] = [s.token for s in oracle.decode(result.handle, result.state, params)]
+        expected[name] = [s.token for s in oracle.decode(result.handle, result.last_logits, params)]
         oracle.release(result.handle)
     oracle.close()
 

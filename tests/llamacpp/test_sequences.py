@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from leyline_sdk.core.directives import Directive, apply
-from leyline_server.engines.base import CacheScope, CapacityError
+from leyline_server.engines.values import CacheScope, CapacityError
 from leyline_server.splice import FallbackCode
 from tests.llamacpp.helpers import BASE, fresh_logits, max_diff, prefill, run_splice
 from tests.llamacpp.helpers import engine as _engine
@@ -79,7 +79,7 @@ def test_rotated_kv_is_served_only_to_the_session_that_asked(tiny2):
     other, other_logits, other_reused = prefill(eng, new + QUERY, scope=B)
     assert other_reused == 52  # another session reuses the exact prefix only
     assert max_diff(other_logits, fresh_logits(tiny2, new + QUERY)) < 1e-4  # and gets a fresh prefill's result
-    assert max_diff(mine.state, other_logits) > 1e-2  # (which differs from the spliced one)
+    assert max_diff(mine.last_logits, other_logits) > 1e-2  # (which differs from the spliced one)
     plain, plain_logits, plain_reused = prefill(eng, new + QUERY + [8], scope=CacheScope())
     assert plain_reused == len(new) + len(QUERY)  # b's KV is exact: every request may reuse it
     assert max_diff(plain_logits, fresh_logits(tiny2, new + QUERY + [8])) < 1e-4

@@ -17,9 +17,9 @@ import pytest
 
 from leyline_sdk.core.directives import Directive, apply
 from leyline_sdk.render.rendering import HFChatTokenizer
-from leyline_server.engines.base import CacheScope, SamplingParams
 from leyline_server.engines.config import EngineConfig
 from leyline_server.engines.llamacpp.loader import load_llamacpp
+from leyline_server.engines.values import CacheScope, SamplingParams
 from leyline_server.models import find_smollm2_gguf
 from tests.llamacpp.helpers import kl, run_splice
 
@@ -74,12 +74,12 @@ def test_splice_forget_and_full_agree(smol):
         handle, report = run_splice(core, handle, [Directive(**directive, mode=mode)])
         assert report.applied and report.fallback is None and handle.tokens == new
         result = core.prefill(new + query, CacheScope(private=mode), previous=handle)
-        steps = list(core.decode(result.handle, result.state, SamplingParams(max_tokens=8)))
+        steps = list(core.decode(result.handle, result.last_logits, SamplingParams(max_tokens=8)))
         core.release(result.handle)
-        return result.state, [s.token for s in steps], report
+        return result.last_logits, [s.token for s in steps], report
 
     full = core.prefill(new + query, CacheScope(private="full"))
-    full_steps = [s.token for s in core.decode(full.handle, full.state, SamplingParams(max_tokens=8))]
+    full_steps = [s.token for s in core.decode(full.handle, full.last_logits, SamplingParams(max_tokens=8))]
     core.release(full.handle)
     unedited = core.prefill(base + query, CacheScope(private="unedited"))
     core.release(unedited.handle)
@@ -87,6 +87,8 @@ def test_splice_forget_and_full_agree(smol):
     amortize, _, report = continue_after("amortize")
     assert report.rotated_tokens == len(down) and report.canary == "passed"
     floor = 0.01  # two identical prefills placed differently in the pool differ by KL ~4e-3 (see above)
-    assert kl(full.state, forget) < floor and forget_steps[:3] == full_steps[:3]  # the same computation
-    assert int(np.argmax(amortize)) == int(np.argmax(full.state))
-    assert kl(full.state, amortize) < floor < kl(full.state, unedited.state)  # the stub is what the model sees
+    assert kl(full.last_logits, forget) < floor and forget_steps[:3] == full_steps[:3]  # the same computation
+    assert int(np.argmax(amortize)) == int(np.argmax(full.last_logits))
+    assert (
+        kl(full.last_logits, amortize) < floor < kl(full.last_logits, unedited.last_logits)
+    )  # the stub is what the model sees

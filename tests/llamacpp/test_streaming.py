@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from leyline_server.engines.base import SamplingParams
 from leyline_server.engines.llamacpp.serving import AsyncLlamaCppEngine
+from leyline_server.engines.values import SamplingParams
 from tests.llamacpp.helpers import BASE, SCOPE, engine, fresh_logits, max_diff
 
 PROMPT = BASE[:48]
@@ -51,7 +51,7 @@ async def test_a_stream_closed_early_commits_only_what_the_client_received(tiny1
     follow = handle.tokens + [5, 6, 7]
     nxt = await front.start_turn(follow, SCOPE, handle, None)
     assert nxt.reused == len(PROMPT) + 3  # the session's sequence was reused up to the end
-    assert max_diff(np.asarray(nxt.state), fresh_logits(tiny1, follow)) < 1e-4
+    assert max_diff(np.asarray(nxt.last_logits), fresh_logits(tiny1, follow)) < 1e-4
     front.release(nxt.handle)
     await front.close()
 
@@ -59,7 +59,7 @@ async def test_a_stream_closed_early_commits_only_what_the_client_received(tiny1
 async def test_a_finished_stream_commits_every_token_and_matches_the_sync_core(tiny1):
     sync = engine(tiny1)
     result = sync.prefill(PROMPT, SCOPE)
-    expected = [s.token for s in sync.decode(result.handle, result.state, SamplingParams(max_tokens=12))]
+    expected = [s.token for s in sync.decode(result.handle, result.last_logits, SamplingParams(max_tokens=12))]
     sync.close()
 
     core = engine(tiny1)

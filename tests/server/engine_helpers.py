@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from leyline_server.engines.base import CacheScope, SpliceRequest
 from leyline_server.engines.config import EngineConfig
 from leyline_server.engines.embedded.cache_adapter import layer0_keys
 from leyline_server.engines.embedded.engine import EmbeddedEngine, Pinned
 from leyline_server.engines.embedded.presets import load_engine
+from leyline_server.engines.values import CacheScope, SpliceRequest
 from leyline_server.rope import RopeSpec
 from leyline_server.splice import splice
 
@@ -32,7 +32,7 @@ def with_spec(eng: EmbeddedEngine, spec: RopeSpec) -> EmbeddedEngine:
 def prefill(eng: EmbeddedEngine, tokens, previous=None, scope: CacheScope = SCOPE):
     """(pinned, last logits, reused) — the engine's prefill in the test scope."""
     result = eng.prefill(tokens, scope, previous=previous)
-    return result.handle, result.state, result.reused
+    return result.handle, result.last_logits, result.reused
 
 
 def run_splice(

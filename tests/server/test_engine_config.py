@@ -59,7 +59,7 @@ def test_each_flag_lands_in_its_field():
     args = parse_args(
         ["--model-path", "tiny-gqa", "--served-model-name", "a", "--served-model-name", "b", "--engine", "llamacpp",
          "--dtype", "bfloat16", "--preset-layers", "3", "--context-length", "300", "--kv-budget-mb", "12",
-         "--disable-prefix-cache", "--swap-space", "0.5"]
+         "--disable-prefix-cache", "--swap-space", "0.5", "--rotation-budget", "7", "--canary-tolerance", "0.01"]
     )  # fmt: skip
     assert engine_config(args) == EngineConfig(
         engine="llamacpp",
@@ -71,6 +71,8 @@ def test_each_flag_lands_in_its_field():
         context_length=300,
         prefix_cache=False,
         swap_space_gb=0.5,
+        rotation_budget=7,
+        canary_tolerance=0.01,
     )
     fraction = engine_config(parse_args(["--mem-fraction-static", "0.01"]))
     assert 0 < fraction.kv_budget_mb != 256.0  # a share of the memory available, not the default budget
@@ -95,6 +97,8 @@ def test_the_embedded_engine_honours_every_field():
         kv_budget_mb=2.0,
         context_length=300,
         prefix_cache=False,
+        rotation_budget=5,
+        canary_tolerance=0.25,
     )
     engine, _ = build_engine(config)
     core = engine.core  # type: ignore[attr-defined]
@@ -104,7 +108,15 @@ def test_the_embedded_engine_honours_every_field():
     assert core.pool.dtype == torch.bfloat16 and next(core.model.parameters()).dtype == torch.bfloat16
     assert core.pool.capacity == int(2.0 * 2**20) // layout.bytes_per_slot(torch.bfloat16)
     assert core.prefix_cache is False
+    assert (core.rotation_budget, core.canary_tolerance) == (5, 0.25)
     asyncio.run(engine.close())
+
+
+def test_the_canary_tolerance_defaults_by_kv_dtype_and_math():
+    from leyline_server.engines.config import canary_tolerance
+
+    assert canary_tolerance("torch", "torch.float32") == 1e-4 and canary_tolerance("ggml", "float32") == 2e-3
+    assert canary_tolerance("torch", "float8") == 1e-2 and canary_tolerance("torch", "float32", 0.5) == 0.5
 
 
 def test_the_cli_reaches_the_embedded_engine():

@@ -33,7 +33,7 @@ from leyline_sdk.render.incremental import Snapshot
 from leyline_sdk.render.rendering import normalize_messages
 from leyline_server.api.errors import APIError
 from leyline_server.api.render import BoundedChat, RenderService, message_digests
-from leyline_server.engines.base import SpliceRequest
+from leyline_server.engines.values import SpliceRequest
 from leyline_server.sessions import Session, SessionStore
 
 __all__ = ["AutoSplicer", "AutoState", "AutoTurn", "Prompt"]

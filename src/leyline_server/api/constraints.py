@@ -23,7 +23,7 @@ from typing import Any
 
 from leyline_server.api.errors import APIError
 from leyline_server.api.tools import ToolPlan
-from leyline_server.engines.base import Constraint
+from leyline_server.engines.values import Constraint
 from leyline_server.structured.schema import for_decoding, unenforced
 from leyline_server.structured.toolcall import CallLayout, ToolSpec, json_grammar, probe_layout, tool_call_tag
 

@@ -13,7 +13,7 @@ from leyline_sdk.core.fallbacks import FallbackCode
 from leyline_server.api.errors import APIError
 from leyline_server.api.fields import refuse_unsupported
 from leyline_server.api.schemas import ChatCompletionRequest
-from leyline_server.engines.base import Constraint, SamplingParams
+from leyline_server.engines.values import Constraint, SamplingParams
 
 __all__ = ["check_request", "sampling_params", "stop_strings", "template_kwargs"]
 

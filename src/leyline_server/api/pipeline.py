@@ -46,7 +46,7 @@ from leyline_server.api.schemas import ChatCompletionRequest, check_content
 from leyline_server.api.service import ChatTurn, LeylineService, Prompt
 from leyline_server.api.session_choice import choose_session, held_session
 from leyline_server.api.tools import ToolPlan, plan_tools
-from leyline_server.engines.base import CapacityError, Constraint, ConstraintError, SamplingParams
+from leyline_server.engines.values import CapacityError, Constraint, ConstraintError, SamplingParams
 
 __all__ = ["ChatPipeline", "OpenTurn", "Delta"]
 

@@ -36,7 +36,8 @@ from leyline_server.api.render import PromptShape, RenderService
 from leyline_server.api.room import Room
 from leyline_server.api.session_choice import splice_request
 from leyline_server.blocks import Block, BlockStore
-from leyline_server.engines.base import CacheScope, CapacityError, Engine, Handle, SpliceRequest, Turn
+from leyline_server.engines.base import Engine
+from leyline_server.engines.values import CacheScope, CapacityError, Handle, SpliceRequest, Turn
 from leyline_server.sessions import Session, SessionStore
 from leyline_server.splice import SpliceError, SpliceReport, strict_status
 from leyline_server.splice.report import Fallback

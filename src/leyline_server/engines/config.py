@@ -11,10 +11,35 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["DTYPES", "ENGINES", "EngineConfig", "context_window"]
+__all__ = [
+    "CANARY_TOLERANCES",
+    "DEFAULT_ROTATION_BUDGET",
+    "DTYPES",
+    "ENGINES",
+    "EngineConfig",
+    "canary_tolerance",
+    "context_window",
+]
 
 ENGINES = ("embedded", "sglang", "llamacpp")
 DTYPES = ("float32", "bfloat16", "float16")
+DEFAULT_ROTATION_BUDGET = 64  # rotations one slot's key may take before a splice touching it is refused
+# The layer-0 canary's largest relative key error, by the math that computes the reference keys and
+# the KV dtype: torch (embedded, SGLang: the model's own layer-0 projection) and ggml (llama.cpp:
+# a context stopped after layer 0). Measured margins in docs/design.md ("the canary").
+CANARY_TOLERANCES: dict[str, dict[str, float]] = {
+    "torch": {"float32": 1e-4, "float16": 2e-2, "bfloat16": 3e-2, "other": 1e-2},
+    "ggml": {"float32": 2e-3, "float16": 2e-2, "bfloat16": 3e-2, "other": 2e-2},
+}
+
+
+def canary_tolerance(math: str, dtype: str, override: float | None = None) -> float:
+    """The canary's tolerance for keys of ``dtype`` computed by ``math`` (``torch`` or ``ggml``);
+    ``override`` (``--canary-tolerance``) wins."""
+    if override is not None:
+        return override
+    table = CANARY_TOLERANCES[math]
+    return table.get(dtype.removeprefix("torch."), table["other"])
 
 
 @dataclass(frozen=True)
@@ -32,6 +57,9 @@ class EngineConfig:
     * ``prefix_cache``: ``False`` recomputes every prompt (``--disable-prefix-cache``).
     * ``swap_space_gb``: host memory the llama.cpp engine parks idle sequences in.
     * ``engine_args``: the sglang engine's command line (SGLang's flags, model path included).
+    * ``rotation_budget``: rotations one slot's key may take before splices touching it fall back
+      to ``drift_budget``; ``canary_tolerance``: the layer-0 canary's largest relative error
+      (``None``: by KV dtype, :data:`CANARY_TOLERANCES`).
     """
 
     engine: str = "embedded"
@@ -44,6 +72,8 @@ class EngineConfig:
     prefix_cache: bool = True
     swap_space_gb: float = 4.0
     engine_args: tuple[str, ...] = ()
+    rotation_budget: int = DEFAULT_ROTATION_BUDGET
+    canary_tolerance: float | None = None
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -58,6 +88,10 @@ class EngineConfig:
             raise ValueError("--preset-layers must be at least 1")
         if self.context_length is not None and self.context_length < 1:
             raise ValueError("--context-length must be positive")
+        if self.rotation_budget < 0:
+            raise ValueError("--rotation-budget must be 0 or more")
+        if self.canary_tolerance is not None and not self.canary_tolerance > 0:
+            raise ValueError("--canary-tolerance must be positive")
         object.__setattr__(self, "engine_args", tuple(self.engine_args))
 
     @property

@@ -45,7 +45,10 @@ def build_engine(config: EngineConfig) -> tuple[Engine, PreTrainedTokenizerBase]
         from leyline_server.engines.sglang.launch import build_sglang_engine
 
         sglang: tuple[Any, Any] = build_sglang_engine(
-            list(config.engine_args) or ["--model-path", config.model], served_name=config.served_name
+            list(config.engine_args) or ["--model-path", config.model],
+            served_name=config.served_name,
+            rotation_budget=config.rotation_budget,
+            canary_tolerance=config.canary_tolerance,
         )
         return sglang
     from leyline_server.engines.llamacpp.loader import load_llamacpp

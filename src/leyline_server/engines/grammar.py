@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from leyline_server.engines.base import Constraint, ConstraintError
+from leyline_server.engines.values import Constraint, ConstraintError
 
 __all__ = ["GrammarBackend", "GrammarMask"]
 

@@ -29,7 +29,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import aclosing
 from typing import Any, Generic, TypeVar
 
-from leyline_server.engines.base import (
+from leyline_server.engines.base import StageT, SyncCore
+from leyline_server.engines.grammar import GrammarBackend
+from leyline_server.engines.logits import LogitsProcessor, Processors, SuppressUntil
+from leyline_server.engines.turn_job import run_turn
+from leyline_server.engines.values import (
     CacheScope,
     Constraint,
     ConstraintError,
@@ -38,12 +42,8 @@ from leyline_server.engines.base import (
     ModelInfo,
     SamplingParams,
     SpliceRequest,
-    StageT,
-    SyncCore,
     Turn,
 )
-from leyline_server.engines.grammar import GrammarBackend
-from leyline_server.engines.logits import LogitsProcessor, Processors, SuppressUntil
 from leyline_server.splice import SpliceReport, splice
 
 __all__ = ["Worker", "ThreadedEngine", "RUN_AHEAD"]
@@ -209,19 +209,7 @@ class ThreadedEngine(Generic[StageT]):
         been released.
         """
 
-        def job() -> Turn:
-            handle, report = session, None
-            if handle is not None and request is not None and request.directives:
-                handle, report = splice(self.core, handle, request)
-            try:
-                result = self.core.prefill(prompt, scope, previous=handle)
-            except BaseException:
-                if handle is not None:
-                    self.core.release(handle)
-                raise
-            return Turn(result.handle, list(prompt), report, result.reused, result.approximate, result.state)
-
-        return await self.worker.call(job)
+        return await self.worker.call(run_turn, self.core, prompt, scope, session, request)
 
     def stream(self, turn: Turn, params: SamplingParams) -> AsyncGenerator[GenerationStep, None]:
         """Decode after ``turn``, running ahead of the consumer; ``turn.handle`` ends as prompt + delivered.
@@ -233,7 +221,7 @@ class ThreadedEngine(Generic[StageT]):
 
     async def _stream(self, turn: Turn, params: SamplingParams) -> AsyncGenerator[GenerationStep, None]:
         processors = self.processors(params)
-        decode = self.core.decode(turn.handle, turn.state, params, lambda: len(turn.generated), processors)
+        decode = self.core.decode(turn.handle, turn.last_logits, params, lambda: len(turn.generated), processors)
         async with aclosing(self.worker.run_ahead(decode, _finished)) as steps:
             async for step in steps:
                 turn.generated.append(step.token)

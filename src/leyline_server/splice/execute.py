@@ -14,7 +14,8 @@ from typing import Any
 
 from leyline_sdk.core.directives import Directive, KeptRun, apply, check, digest
 from leyline_sdk.core.errors import DirectiveError
-from leyline_server.engines.base import CapacityError, Handle, ModelInfo, SpliceBackend, SpliceRequest, StageT
+from leyline_server.engines.base import SpliceBackend, StageT
+from leyline_server.engines.values import CapacityError, Handle, ModelInfo, SpliceRequest
 from leyline_server.splice.plan import Fill, SplicePlan, plan_splice
 from leyline_server.splice.report import Fallback, FallbackCode, Refused, SpliceError, SpliceReport
 

@@ -18,7 +18,15 @@ from typing import Any
 import torch
 
 from leyline_sdk.core.directives import KeptRun
-from leyline_server.engines.base import (
+from leyline_server.engines.config import DEFAULT_ROTATION_BUDGET, context_window
+from leyline_server.engines.config import canary_tolerance as canary_tolerance_of
+from leyline_server.engines.embedded.cache_adapter import check_layer_types, forward_with_slots, layer0_keys
+from leyline_server.engines.embedded.mirror import MirrorStore
+from leyline_server.engines.embedded.pool import SlotPool
+from leyline_server.engines.embedded.radix import Node, RadixCache
+from leyline_server.engines.embedded.sampling import Sampler
+from leyline_server.engines.logits import Processors
+from leyline_server.engines.values import (
     SHARED,
     CacheScope,
     CanaryResult,
@@ -29,19 +37,10 @@ from leyline_server.engines.base import (
     Prefilled,
     SamplingParams,
 )
-from leyline_server.engines.config import context_window
-from leyline_server.engines.embedded.cache_adapter import check_layer_types, forward_with_slots, layer0_keys
-from leyline_server.engines.embedded.mirror import MirrorStore
-from leyline_server.engines.embedded.pool import SlotPool
-from leyline_server.engines.embedded.radix import Node, RadixCache
-from leyline_server.engines.embedded.sampling import Sampler
-from leyline_server.engines.logits import Processors
 from leyline_server.kernels import Backend, rotate_copy
 from leyline_server.rope import RopeSpec
 
-__all__ = ["EmbeddedEngine", "Pinned", "SlotStage", "CANARY_TOLERANCE"]
-
-CANARY_TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 3e-2}
+__all__ = ["EmbeddedEngine", "Pinned", "SlotStage"]
 
 
 @dataclass
@@ -65,12 +64,6 @@ class SlotStage:
             self.slots = torch.cat([self.slots, pad])
 
 
-def _pinned(handle: Handle) -> Pinned:
-    if not isinstance(handle, Pinned):
-        raise TypeError(f"not a handle of the embedded engine: {type(handle).__name__}")
-    return handle
-
-
 def _exact_after(handle_exact: int, handle_cached: int, length: int) -> int:
     """Exact tokens of a sequence extended from a cached one: all of them iff the base was exact."""
     return length if handle_exact >= handle_cached else handle_exact
@@ -80,7 +73,8 @@ class EmbeddedEngine:
     """One model, one slot pool, one radix cache. Not thread-safe: use from one thread.
 
     ``rotation_budget``: how often one slot's key may be rotated before splices touching it are
-    refused (``drift_budget``). ``rotate_backend``: what :func:`~leyline_server.kernels.rotate_copy`
+    refused (``drift_budget``); ``canary_tolerance``: the canary's largest relative layer-0 key
+    error (default: by the pool's dtype). ``rotate_backend``: what :func:`~leyline_server.kernels.rotate_copy`
     runs (``"auto"``; ``"torch"`` is the plain reference, for tests and benchmarks).
     ``prefix_cache=False`` makes every prefill start from scratch (a baseline for benchmarks);
     handles and splices work as usual. ``max_context_tokens`` larger than the model's positions
@@ -93,7 +87,8 @@ class EmbeddedEngine:
         pool: SlotPool,
         spec: RopeSpec,
         eos_token_ids: Sequence[int] = (),
-        rotation_budget: int = 64,
+        rotation_budget: int = DEFAULT_ROTATION_BUDGET,
+        canary_tolerance: float | None = None,
         name: str = "model",
         max_context_tokens: int | None = None,
         prefix_cache: bool = True,
@@ -104,6 +99,7 @@ class EmbeddedEngine:
         self.radix = RadixCache()
         self.in_flight: set[int] = set()
         self.rotation_budget = rotation_budget
+        self.canary_tolerance = canary_tolerance_of("torch", str(pool.dtype), canary_tolerance)
         self.rotate_backend: Backend = "auto"
         self.prefix_cache = prefix_cache
         check_layer_types(model.config)
@@ -179,7 +175,7 @@ class EmbeddedEngine:
 
     def release(self, handle: Handle) -> None:
         """Unlock a handle's path (it becomes evictable)."""
-        node = _pinned(handle).node
+        node = Pinned.of(handle).node
         if node is not None:
             self.radix.unlock(node)
 
@@ -193,10 +189,10 @@ class EmbeddedEngine:
 
     # -- prefill and decode ---------------------------------------------------------------------
     def prefill(self, tokens: Sequence[int], scope: CacheScope = SHARED, previous: Handle | None = None) -> Prefilled:
-        """Cache ``tokens`` reusing the longest prefix cached in ``scope``; ``state`` = last logits.
+        """Cache ``tokens`` reusing the longest prefix cached in ``scope``; ``last_logits`` set.
 
         At least the last token is computed, so its logits are fresh. An empty sequence gives an
-        empty handle (``state`` is ``None``).
+        empty handle (``last_logits`` is ``None``).
         """
         tokens = list(tokens)
         hit = self.match(tokens[:-1] if self.prefix_cache else [], scope)
@@ -216,12 +212,12 @@ class EmbeddedEngine:
     def decode(
         self,
         handle: Handle,
-        state: torch.Tensor,
+        last_logits: torch.Tensor,
         params: SamplingParams,
         delivered: Callable[[], int] | None = None,
         processors: Processors | None = None,
     ) -> Generator[GenerationStep, None, None]:
-        """Yield decoded tokens after ``handle`` (``state``: its prefill's last logits).
+        """Yield decoded tokens after ``handle`` (``last_logits``: its prefill's).
 
         ``processors`` change each logits row before sampling (constraints, ``min_tokens``); a
         finished one (a complete grammar) ends generation with ``stop``.
@@ -231,7 +227,7 @@ class EmbeddedEngine:
         has none yet) and ``handle`` is updated in place; KV computed for tokens decoded ahead
         of the consumer goes back to the pool.
         """
-        pinned, logits = _pinned(handle), state
+        pinned, logits = Pinned.of(handle), last_logits
         sampler = Sampler(params, processors)
         stops = Sampler.stops(params, self.info.eos_token_ids)
         context = pinned.slots
@@ -266,16 +262,16 @@ class EmbeddedEngine:
     # -- splice stages (SpliceBackend) ------------------------------------------------------------
     def rotation_counts(self, handle: Handle, positions: Sequence[int]) -> list[int] | None:
         """How often the keys at ``positions`` of ``handle`` were rotated already."""
-        slots = _pinned(handle).slots[torch.as_tensor(list(positions), dtype=torch.long)]
+        slots = Pinned.of(handle).slots[torch.as_tensor(list(positions), dtype=torch.long)]
         return [int(x) for x in self.pool.rotations[slots].tolist()]
 
     def begin(self, handle: Handle, keep: int) -> SlotStage:
         """A stage that keeps the first ``keep`` cached tokens of ``handle`` where they are."""
-        return SlotStage(_pinned(handle).slots[:keep].clone())
+        return SlotStage(Pinned.of(handle).slots[:keep].clone())
 
     def move(self, stage: SlotStage, handle: Handle, runs: Sequence[KeptRun]) -> None:
         """Copy-rotate ``runs`` of ``handle`` into fresh slots at their new positions (one kernel call)."""
-        pinned = _pinned(handle)
+        pinned = Pinned.of(handle)
         old = torch.cat([torch.arange(r.old_start, r.old_end) for r in runs])
         new = torch.cat([torch.arange(r.new_start, r.new_start + r.old_end - r.old_start) for r in runs])
         src = pinned.slots[old]
@@ -304,7 +300,7 @@ class EmbeddedEngine:
         expected = layer0_keys(self.model, list(tokens), pos, self.pool.layout.mla_latent)
         actual = self.pool.keys[0].index_select(0, stage.slots[pos]).float()
         error = (actual - expected).abs().max().item() / max(expected.abs().max().item(), 1e-6)
-        return CanaryResult(True, error, CANARY_TOLERANCE.get(self.pool.dtype, 1e-2))
+        return CanaryResult(True, error, self.canary_tolerance)
 
     def commit(self, stage: SlotStage, tokens: Sequence[int], exact: int, previous: Handle) -> Pinned:
         """Cache the staged sequence as ``tokens`` under ``previous``'s scope and release ``previous``."""

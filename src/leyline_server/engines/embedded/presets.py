@@ -51,5 +51,7 @@ def load_engine(config: EngineConfig, seed: int = 0, **overrides: Any) -> tuple[
         name=config.name,
         max_context_tokens=config.context_length,
         prefix_cache=config.prefix_cache,
+        rotation_budget=config.rotation_budget,
+        canary_tolerance=config.canary_tolerance,
     )
     return engine, tokenizer

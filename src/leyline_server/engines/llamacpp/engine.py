@@ -28,7 +28,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from leyline_sdk.core.directives import KeptRun
-from leyline_server.engines.base import (
+from leyline_server.engines.config import DEFAULT_ROTATION_BUDGET, context_window
+from leyline_server.engines.config import canary_tolerance as canary_tolerance_of
+from leyline_server.engines.llamacpp.cache import Entry, SequenceCache
+from leyline_server.engines.llamacpp.canary import run_canary, verified_probe
+from leyline_server.engines.llamacpp.lib import ContextConfig, LlamaContext, LlamaModel, TokenSampler, logprobs
+from leyline_server.engines.llamacpp.parking import ParkingPolicy, focus
+from leyline_server.engines.llamacpp.shift import verified_shifter
+from leyline_server.engines.llamacpp.stage import Stage, land, move_block, prepare
+from leyline_server.engines.logits import Processors
+from leyline_server.engines.values import (
     SHARED,
     CacheScope,
     CanaryResult,
@@ -38,18 +47,8 @@ from leyline_server.engines.base import (
     Prefilled,
     SamplingParams,
 )
-from leyline_server.engines.config import context_window
-from leyline_server.engines.llamacpp.cache import Entry, SequenceCache
-from leyline_server.engines.llamacpp.canary import run_canary, verified_probe
-from leyline_server.engines.llamacpp.lib import ContextConfig, LlamaContext, LlamaModel, TokenSampler, logprobs
-from leyline_server.engines.llamacpp.parking import ParkingPolicy, focus
-from leyline_server.engines.llamacpp.shift import verified_shifter
-from leyline_server.engines.llamacpp.stage import Stage, land, move_block, prepare
-from leyline_server.engines.logits import Processors
 
-__all__ = ["LlamaCppEngine", "SeqHandle", "CANARY_TOLERANCE", "SCRATCH", "COPY", "CANARY_SEQS"]
-
-CANARY_TOLERANCE = {"float32": 2e-3, "float16": 2e-2, "bfloat16": 3e-2}
+__all__ = ["LlamaCppEngine", "SeqHandle", "SCRATCH", "COPY", "CANARY_SEQS"]
 SCRATCH, COPY = 0, 1  # reserved sequence ids: fills, copies and read-backs
 CANARY_SEQS = (2, 3, 4, 5)  # one empty sequence per canary token (reference keys)
 _RESERVED = 2 + len(CANARY_SEQS)
@@ -63,9 +62,7 @@ class SeqHandle(Handle):
 
 
 def _entry(handle: Handle) -> Entry | None:
-    if not isinstance(handle, SeqHandle):
-        raise TypeError(f"not a handle of the llama.cpp engine: {type(handle).__name__}")
-    return handle.entry
+    return SeqHandle.of(handle).entry
 
 
 def _own(entry: Entry, scope: CacheScope) -> bool:
@@ -84,7 +81,7 @@ class LlamaCppEngine:
 
     ``rotation_budget``: how often one cell's key may be rotated before splices touching it are
     refused (``drift_budget``); ``canary_tolerance``: the largest relative layer-0 key error a
-    splice may show (by KV dtype). ``prefix_cache=False``: every prefill starts from scratch.
+    splice may show (default: by KV dtype). ``prefix_cache=False``: every prefill starts from scratch.
     ``park_budget``: bytes of host memory for the KV of idle sequences parked out of the pool
     (0: never park; see :mod:`.parking`), ``park_threshold``: the decode slowdown idle sequences
     may cause before they are parked. ``max_context_tokens`` larger than the model's trained
@@ -100,7 +97,8 @@ class LlamaCppEngine:
         n_seq_max: int = 256,
         threads: tuple[int, int] | None = None,
         eos_token_ids: Sequence[int] | None = None,
-        rotation_budget: int = 64,
+        rotation_budget: int = DEFAULT_ROTATION_BUDGET,
+        canary_tolerance: float | None = None,
         name: str = "model",
         max_context_tokens: int | None = None,
         prefix_cache: bool = True,
@@ -116,7 +114,7 @@ class LlamaCppEngine:
         self.parking = ParkingPolicy(model.size_bytes, model.cell_bytes(kv_type), park_threshold)
         self.kv_type = kv_type
         self.rotation_budget = rotation_budget
-        self.canary_tolerance = CANARY_TOLERANCE.get(kv_type, 2e-2)
+        self.canary_tolerance = canary_tolerance_of("ggml", kv_type, canary_tolerance)
         self.prefix_cache = prefix_cache
         shiftable = self.ctx.can_shift
         # moves through the state API (cost follows the moved cells) where the check passes
@@ -186,7 +184,7 @@ class LlamaCppEngine:
         focus(self.cache, entry, self.parking, CANARY_SEQS[-1])
 
     def prefill(self, tokens: Sequence[int], scope: CacheScope = SHARED, previous: Handle | None = None) -> Prefilled:
-        """Cache ``tokens`` reusing the longest prefix visible in ``scope``; ``state`` = last logits.
+        """Cache ``tokens`` reusing the longest prefix visible in ``scope``; ``last_logits`` set.
 
         At least the last token is computed, so its logits are fresh. ``previous`` is released
         (its sequence may be taken over) on success; on an error it is left to the caller.
@@ -229,12 +227,12 @@ class LlamaCppEngine:
     def decode(
         self,
         handle: Handle,
-        state: np.ndarray | None,
+        last_logits: np.ndarray | None,
         params: SamplingParams,
         delivered: Callable[[], int] | None = None,
         processors: Processors | None = None,
     ) -> Generator[GenerationStep, None, None]:
-        """Yield decoded tokens after ``handle`` (``state``: its prefill's last logits row).
+        """Yield decoded tokens after ``handle`` (``last_logits``: its prefill's last row).
 
         ``processors`` change each logits row before sampling (constraints, ``min_tokens``): in
         llama.cpp's own buffer, which its sampler then reads; a finished one (a complete grammar)
@@ -253,7 +251,7 @@ class LlamaCppEngine:
         sampler = TokenSampler(params, self.model.n_vocab)
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self._info.eos_token_ids))
         generated: list[int] = []
-        row: np.ndarray | None = state  # the prefill's copied row; later rows stay in the context
+        row: np.ndarray | None = last_logits  # the prefill's copied row; later rows stay in the context
         if entry is not None:
             self.cache.unpark(entry)
             entry.busy += 1  # not parked while this stream decodes into it

@@ -90,6 +90,8 @@ def load_llamacpp(
             max_context_tokens=config.context_length,
             prefix_cache=config.prefix_cache,
             park_budget=int(config.swap_space_gb * 2**30),
+            rotation_budget=config.rotation_budget,
+            canary_tolerance=config.canary_tolerance,
         )
     except BaseException:
         weights.close()

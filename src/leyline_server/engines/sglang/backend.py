@@ -27,7 +27,8 @@ from typing import Any, Protocol
 
 from leyline_sdk.core.directives import KeptRun
 from leyline_sdk.core.fallbacks import FallbackCode
-from leyline_server.engines.base import CacheScope, CanaryResult, CapacityError, Handle, ModelInfo, Prefilled
+from leyline_server.engines.config import DEFAULT_ROTATION_BUDGET
+from leyline_server.engines.values import CacheScope, CanaryResult, CapacityError, Handle, ModelInfo, Prefilled
 
 __all__ = ["ControlError", "SGLangHandle", "SGLangSpliceBackend", "Transport", "namespace"]
 
@@ -97,12 +98,6 @@ class _Stage:
         raise ValueError(f"no move puts a row at position {position}")
 
 
-def _handle(handle: Handle) -> SGLangHandle:
-    if not isinstance(handle, SGLangHandle):
-        raise TypeError(f"not a handle of the SGLang engine: {type(handle).__name__}")
-    return handle
-
-
 @dataclass
 class _Move:
     """Adjacent runs of one source, copy-rotated by one control request."""
@@ -138,10 +133,17 @@ class SGLangSpliceBackend:
     refused (``drift_budget``), as on the embedded engine. Thread-safe: each call is independent.
     """
 
-    def __init__(self, transport: Transport, info: ModelInfo, rotation_budget: int = 64) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        info: ModelInfo,
+        rotation_budget: int = DEFAULT_ROTATION_BUDGET,
+        canary_tolerance: float | None = None,
+    ) -> None:
         self.transport = transport
         self._info = info
         self.rotation_budget = rotation_budget
+        self.canary_tolerance = canary_tolerance
         self._pins = itertools.count(1)
 
     @property
@@ -159,7 +161,7 @@ class SGLangSpliceBackend:
 
     def release(self, handle: Handle) -> None:
         """Unlock a handle's path (it becomes evictable); does not wait for the scheduler."""
-        pin = _handle(handle).pin
+        pin = SGLangHandle.of(handle).pin
         if pin is not None:
             self.transport.post("unpin", {"pin": pin})
 
@@ -195,16 +197,16 @@ class SGLangSpliceBackend:
     # -- splice stages --------------------------------------------------------------------------------
     def rotation_counts(self, handle: Handle, positions: Sequence[int]) -> list[int] | None:
         """How often the keys at ``positions`` of ``handle`` were rotated already."""
-        reply = self.transport.control("counts", {"pin": _handle(handle).pin, "positions": list(positions)})
+        reply = self.transport.control("counts", {"pin": SGLangHandle.of(handle).pin, "positions": list(positions)})
         return [int(c) for c in reply["counts"]]
 
     def begin(self, handle: Handle, keep: int) -> _Stage:
         """Start recording a splice that keeps the first ``keep`` tokens of ``handle``."""
-        return _Stage(_handle(handle), keep)
+        return _Stage(SGLangHandle.of(handle), keep)
 
     def move(self, stage: _Stage, handle: Handle, runs: Sequence[KeptRun]) -> None:
         """Record ``runs`` of ``handle`` to copy-rotate (done in :meth:`commit`, in position order)."""
-        source = _handle(handle)
+        source = SGLangHandle.of(handle)
         stage.runs.extend((source, run) for run in runs)
 
     def fill(self, stage: _Stage, at: int, tokens: Sequence[int]) -> None:
@@ -217,6 +219,8 @@ class SGLangSpliceBackend:
         ``tokens`` there (see :mod:`.splicer`)."""
         sources = [stage.source_of(p) for p in positions]
         args = {"sources": [[h.pin, old] for h, old in sources], "new": list(positions), "tokens": list(tokens)}
+        if self.canary_tolerance is not None:
+            args["tolerance"] = self.canary_tolerance
         reply = self.transport.control("canary", args)
         return CanaryResult(bool(reply["ran"]), float(reply["error"]), float(reply["tolerance"]))
 
@@ -251,7 +255,7 @@ class SGLangSpliceBackend:
         hold the new sequence; what was inserted so far stays in the tree as evictable cache.
         """
         tokens = list(tokens)
-        handle = _handle(previous)
+        handle = SGLangHandle.of(previous)
         self._check_room(tokens, handle.ns, need=len(tokens) - stage.keep)
         done = stage.keep
         for at, step in _steps(stage):

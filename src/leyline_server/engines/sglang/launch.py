@@ -15,7 +15,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from leyline_server.engines.base import ModelInfo
+from leyline_server.engines.config import DEFAULT_ROTATION_BUDGET
+from leyline_server.engines.values import ModelInfo
 from leyline_server.rope import RopeSpec
 
 __all__ = ["REFUSED", "build_sglang_engine", "check_server_args", "sglang_argv", "sglang_help"]
@@ -139,7 +140,12 @@ def _launch(server_args: Any) -> Any:
     return LeylineSGLangEngine(server_args=server_args)
 
 
-def build_sglang_engine(argv: Sequence[str], served_name: str | None = None) -> tuple[Any, Any]:
+def build_sglang_engine(
+    argv: Sequence[str],
+    served_name: str | None = None,
+    rotation_budget: int = DEFAULT_ROTATION_BUDGET,
+    canary_tolerance: float | None = None,
+) -> tuple[Any, Any]:
     """(an :class:`~.serving.AsyncSGLangEngine`, the model's tokenizer) for SGLang's command line ``argv``.
 
     Raises ``ValueError`` naming every unsupported flag before anything starts, and after the
@@ -171,5 +177,7 @@ def build_sglang_engine(argv: Sequence[str], served_name: str | None = None) -> 
         client.close()
         engine.shutdown()
         raise
-    service_engine = AsyncSGLangEngine(client, info, shutdown=engine.shutdown)
+    service_engine = AsyncSGLangEngine(
+        client, info, shutdown=engine.shutdown, rotation_budget=rotation_budget, canary_tolerance=canary_tolerance
+    )
     return service_engine, getattr(engine.tokenizer_manager, "tokenizer", None)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from leyline_server.engines.base import Constraint, GenerationStep, SamplingParams, TokenLogprob
+from leyline_server.engines.values import Constraint, GenerationStep, SamplingParams, TokenLogprob
 
 __all__ = ["StepReader", "sampling_dict", "logprob_args", "constraint_args"]
 

@@ -18,7 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from typing import Any, Protocol, TypeVar
 
-from leyline_server.engines.base import (
+from leyline_server.engines.config import DEFAULT_ROTATION_BUDGET
+from leyline_server.engines.sglang.backend import SGLangHandle, SGLangSpliceBackend, Transport
+from leyline_server.engines.sglang.sampling import StepReader, logprob_args, sampling_dict
+from leyline_server.engines.turn_job import run_turn
+from leyline_server.engines.values import (
     CacheScope,
     Constraint,
     GenerationStep,
@@ -28,8 +32,6 @@ from leyline_server.engines.base import (
     SpliceRequest,
     Turn,
 )
-from leyline_server.engines.sglang.backend import SGLangHandle, SGLangSpliceBackend, Transport
-from leyline_server.engines.sglang.sampling import StepReader, logprob_args, sampling_dict
 from leyline_server.splice import SpliceReport, splice
 
 __all__ = ["AsyncSGLangEngine", "Client"]
@@ -62,11 +64,12 @@ class AsyncSGLangEngine:
         client: Client,
         info: ModelInfo,
         shutdown: Callable[[], None] = lambda: None,
-        rotation_budget: int = 64,
+        rotation_budget: int = DEFAULT_ROTATION_BUDGET,
+        canary_tolerance: float | None = None,
         workers: int = 8,
     ) -> None:
         self.client = client
-        self.backend = SGLangSpliceBackend(client, info, rotation_budget)
+        self.backend = SGLangSpliceBackend(client, info, rotation_budget, canary_tolerance)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="leyline-sglang")
         self._shutdown = shutdown
 
@@ -88,21 +91,7 @@ class AsyncSGLangEngine:
         self, prompt: Sequence[int], scope: CacheScope, session: Handle | None, request: SpliceRequest | None
     ) -> Turn:
         """Splice ``session`` if asked, then prefill ``prompt`` (``session`` is consumed as on the embedded engine)."""
-        backend = self.backend
-
-        def job() -> Turn:
-            handle, report = session, None
-            if handle is not None and request is not None and request.directives:
-                handle, report = splice(backend, handle, request)
-            try:
-                result = backend.prefill(prompt, scope, previous=handle)
-            except BaseException:
-                if handle is not None:
-                    backend.release(handle)
-                raise
-            return Turn(result.handle, list(prompt), report, result.reused, result.approximate, result.state)
-
-        return await self._job(job)
+        return await self._job(run_turn, self.backend, prompt, scope, session, request)
 
     async def check_constraint(self, constraint: Constraint) -> None:
         """Nothing to check here: SGLang compiles the constraint itself and aborts a request whose
@@ -115,9 +104,7 @@ class AsyncSGLangEngine:
     async def _stream(self, turn: Turn, params: SamplingParams) -> AsyncGenerator[GenerationStep, None]:
         if params.max_tokens == 0:
             return
-        handle = turn.handle
-        if not isinstance(handle, SGLangHandle):
-            raise TypeError(f"not a handle of the SGLang engine: {type(handle).__name__}")
+        handle = SGLangHandle.of(turn.handle)
         await self._job(self.backend.check_decode_room, turn.prompt, handle.ns, params.max_tokens)
         reader = StepReader()
         chunks = self.client.generate(list(turn.prompt), handle.ns, sampling_dict(params), logprob_args(params))

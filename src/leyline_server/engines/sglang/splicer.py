@@ -34,14 +34,13 @@ from typing import Any
 import torch
 
 from leyline_sdk.core.fallbacks import FallbackCode
+from leyline_server.engines.config import canary_tolerance
 from leyline_server.engines.sglang.layer0 import KeyFunction, layer0_key_function
 from leyline_server.engines.sglang.rotary import find_rotary, rope_spec_from_rotary
 from leyline_server.kernels import rotate_copy_layers
 from leyline_server.rope import RopeSpec
 
-__all__ = ["KVLayers", "SchedulerSplicer", "kv_layers", "CANARY_TOLERANCE"]
-
-CANARY_TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 3e-2}
+__all__ = ["KVLayers", "SchedulerSplicer", "kv_layers"]
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -224,14 +223,17 @@ class SchedulerSplicer:
         slots = self._pinned(pin)[torch.as_tensor(positions, dtype=torch.int64, device=self.marks.device)]
         return {"counts": (self.marks[slots] - 1).clamp(min=0).tolist()}
 
-    def op_canary(self, sources: list[list[int]], new: list[int], tokens: list[int]) -> dict[str, Any]:
+    def op_canary(
+        self, sources: list[list[int]], new: list[int], tokens: list[int], tolerance: float | None = None
+    ) -> dict[str, Any]:
         """The layer-0 canary: ``sources[i]`` = ``(pin, old position)`` of the row that lands at ``new[i]``.
 
         Each row is read from its own pinned path, rotated from its old to its new position in
         scratch with the move's kernel, and compared with the model's own layer-0 keys of
-        ``tokens[i]`` at ``new[i]``; ``ran`` is False without a key function.
+        ``tokens[i]`` at ``new[i]``; ``ran`` is False without a key function. ``tolerance``: the
+        server's ``--canary-tolerance`` (default: by the pool's dtype).
         """
-        tolerance = CANARY_TOLERANCE.get(self.layers.keys[0].dtype, 1e-2)
+        tolerance = canary_tolerance("torch", str(self.layers.keys[0].dtype), tolerance)
         if self.layer0 is None or not sources or not self.spec.shiftable:
             return {"ran": False, "error": 0.0, "tolerance": tolerance}
         device = self.marks.device
