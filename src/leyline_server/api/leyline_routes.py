@@ -54,8 +54,15 @@ async def create_session(body: SessionCreateRequest, key: Owner, service: Servic
 
 @router.get("/sessions/{session_id}")
 async def get_session(session_id: str, key: Owner, service: Service) -> dict[str, Any]:
-    """A session's base (length, digest, tokens)."""
-    return _info(service.get_session(session_id, key), with_tokens=True)
+    """A session's base (length, digest, tokens), once the requests in flight on it are done.
+
+    A base read during a turn would be that turn's prompt without its answer: a client that
+    resynchronises after abandoning a stream must see where the turn really left the session.
+    """
+    session = service.get_session(session_id, key)
+    async with service.sessions.use(session):
+        pass  # wait for requests in flight on it
+    return _info(session, with_tokens=True)
 
 
 @router.delete("/sessions/{session_id}")

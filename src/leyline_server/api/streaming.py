@@ -7,6 +7,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
@@ -51,7 +52,11 @@ class ClosingStream(StreamingResponse):
         except StreamStalled:
             log.warning("stream ended: the client read nothing for %g s", self._stall_timeout_s)
         finally:
-            aclose = getattr(self._content, "aclose", None)
-            if aclose is not None:
-                await aclose()
-            await self._on_close()
+            # A client that went away cancels this task, and anyio's cancellation is re-raised at
+            # every await: shielded, the clean-up runs to its end (the engine commits what was
+            # generated before the session is released, so a request that follows sees it).
+            with anyio.CancelScope(shield=True):
+                aclose = getattr(self._content, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+                await self._on_close()

@@ -29,6 +29,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import aclosing
 from typing import Any, Generic, TypeVar
 
+import anyio
+
 from leyline_server.engines.base import StageT, SyncCore
 from leyline_server.engines.grammar import GrammarBackend
 from leyline_server.engines.logits import LogitsProcessor, Processors, SuppressUntil
@@ -143,7 +145,8 @@ class Worker:
                     return
         finally:
             stopped.set()
-            await asyncio.shield(self.call(steps.close))
+            with anyio.CancelScope(shield=True):  # a cancelled stream still commits before it ends
+                await self.call(steps.close)
 
     def shutdown(self) -> None:
         """Finish queued jobs and stop the thread."""

@@ -18,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from typing import Any, Protocol, TypeVar
 
+import anyio
+
 from leyline_server.engines.config import DEFAULT_ROTATION_BUDGET
 from leyline_server.engines.sglang.backend import SGLangHandle, SGLangSpliceBackend, Transport
 from leyline_server.engines.sglang.sampling import StepReader, logprob_args, sampling_dict
@@ -115,7 +117,8 @@ class AsyncSGLangEngine:
                         turn.generated.append(step.token)
                         yield step
         finally:
-            await asyncio.shield(self._repin(turn))
+            with anyio.CancelScope(shield=True):  # a cancelled stream still re-pins before it ends
+                await self._repin(turn)
 
     async def _repin(self, turn: Turn) -> None:
         old = turn.handle
