@@ -56,11 +56,14 @@ demo: $(STAMP)
 cluster-demo: $(STAMP)
 	$(PY) examples/cluster.py
 
+# The fast tier first (fail fast: unit tests, in-process servers), then the slow tier (real
+# servers, real models, real agent clients). Both print their 20 slowest tests (--durations).
 test: $(STAMP)
 	$(VENV)/bin/ruff check src policies tests benchmarks examples
 	$(VENV)/bin/ruff format --check src policies tests benchmarks examples
 	$(VENV)/bin/mypy src policies
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m slow
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"

@@ -17,32 +17,37 @@ gives it: itself when it is plain JSON, openai's transform of it otherwise (a py
 ``omit`` inside); the session keeps (and matches, renders and edits) the messages in that form.
 ``tests/sdk/test_wire_messages.py`` holds this against openai's own transform and request body.
 
-:meth:`Call.post_parser` is installed as openai's post-parser of that request, so the session
-records the turn whichever way the response is read: a ``ChatCompletion``, a raw response's
-``.parse()``, a streamed response's ``await .parse()``, or the end of an ``AsyncStream`` /
-``Stream`` (which stays openai's object: context manager, ``.response``, ``close()``; only its
-iterator is wrapped to see the last chunk's ``leyline`` field and usage).
+Both entry points — ``create``'s keyword arguments (:func:`prepare_call`) and a raw
+``client.post`` body (:func:`prepare_post`, LiteLLM's way) — add the same things
+(:func:`session_extras`: the extension, or its carrier behind a gateway, and the routing header),
+each into its own containers. The answer is read in :mod:`leyline_sdk.client.answers`.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, cast
 
 import openai
 from openai._utils import maybe_transform
-from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessageParam
+from openai.types.chat import ChatCompletionMessageParam
 
-from leyline_sdk.client.fallback import SpliceFallbackError
+from leyline_sdk.client.answers import Call
 from leyline_sdk.client.registry import ClientState
-from leyline_sdk.core.fallbacks import FallbackCode
 from leyline_sdk.core.validation import check_messages, check_model, check_tools
 from leyline_sdk.session.gateway import with_carrier
 from leyline_sdk.session.session import LeylineSession
 from leyline_sdk.session.turn import PreparedTurn
 
-__all__ = ["Call", "SessionSource", "prepare_call", "given", "refused", "with_post_parser", "wire_messages"]
+__all__ = [
+    "SessionSource",
+    "prepare_call",
+    "prepare_post",
+    "given",
+    "session_extras",
+    "with_post_parser",
+    "wire_messages",
+]
 
 _SCALARS = (str, int, float, bool, type(None))
 
@@ -89,63 +94,6 @@ def wire_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [m if _plain(m) else cast(dict[str, Any], maybe_transform(m, ChatCompletionMessageParam)) for m in messages]
 
 
-@dataclass
-class Call:
-    """A prepared call: the session, its turn, and the arguments for openai's method."""
-
-    session: LeylineSession
-    turn: PreparedTurn
-    kwargs: dict[str, Any]
-
-    def post_parser(self, parsed: Any) -> Any:
-        """Record the turn from what openai parsed; return it unchanged (a stream: once it ends)."""
-        if isinstance(parsed, ChatCompletion):
-            self.session.record(self.turn, getattr(parsed, "leyline", None), parsed.usage, parsed)
-        elif isinstance(parsed, openai.AsyncStream):
-            parsed._iterator = self._arecord(parsed._iterator)
-        elif isinstance(parsed, openai.Stream):
-            parsed._iterator = self._record(parsed._iterator)
-        return parsed
-
-    async def _arecord(self, chunks: AsyncIterator[ChatCompletionChunk]) -> AsyncIterator[ChatCompletionChunk]:
-        leyline, usage = None, None
-        async for chunk in chunks:
-            leyline = getattr(chunk, "leyline", None) or leyline
-            usage = getattr(chunk, "usage", None) or usage
-            yield chunk
-        self.session.record(self.turn, leyline, usage)
-
-    def _record(self, chunks: Iterator[ChatCompletionChunk]) -> Iterator[ChatCompletionChunk]:
-        leyline, usage = None, None
-        for chunk in chunks:
-            leyline = getattr(chunk, "leyline", None) or leyline
-            usage = getattr(chunk, "usage", None) or usage
-            yield chunk
-        self.session.record(self.turn, leyline, usage)
-
-    def failed(self, exc: openai.APIStatusError) -> Exception:
-        """The exception to raise for an error answer (a strict session's refused splice: a fallback)."""
-        return refused(self.session, exc)
-
-
-def refused(session: LeylineSession, exc: openai.APIStatusError) -> Exception:
-    """What to raise for an error answer to ``session``'s request.
-
-    A strict request's splice refused by the server — 404 ``session_not_found``, 409
-    ``base_mismatch``, 422 on the ``leyline`` extension — becomes a ``SpliceFallbackError`` with
-    the server's code, and the next request starts over in a new session (the refused one is
-    deleted then); anything else is raised as openai raised it.
-    """
-    param, view = exc.param or "", session.server
-    if exc.code == FallbackCode.SESSION_NOT_FOUND.value and view.session_id is not None:
-        view.lose_session()
-    elif exc.status_code in (409, 422) and param.startswith("leyline") and exc.code and view.session_id:
-        view.abandon_session()
-    else:
-        return exc
-    return SpliceFallbackError(str(exc.code), str(exc))
-
-
 async def prepare_call(
     client: SessionSource, kwargs: Mapping[str, Any], session: LeylineSession | None = None
 ) -> Call | None:
@@ -171,18 +119,11 @@ async def prepare_call(
         del out["tools"]  # a session's "no tools given", not a null to send
     session, turn = await _prepare_turn(client, messages, tools, session)
     out["messages"] = []  # the effective messages go in extra_body: see the module docstring
-    body = {**(extra_body or {}), "messages": turn.effective}
-    gateway = session.gateway
-    if turn.extension is not None:
-        extension = turn.extension.model_dump(mode="json", exclude_none=True)
-        if gateway is None:
-            body["leyline"] = extension
-        else:  # the gateway drops unknown fields but keeps OpenAI's metadata
-            mine = body.get("metadata", out.get("metadata"))
-            body["metadata"] = with_carrier(mine if given(mine) else None, extension)
-    if gateway is not None:
-        out["extra_headers"] = {**(out.get("extra_headers") or {}), gateway.routing_header: session.routing_key}
-    out["extra_body"] = body
+    mine = (extra_body or {}).get("metadata", out.get("metadata"))
+    fields, headers = session_extras(session, turn, mine if given(mine) else None)
+    out["extra_body"] = {**(extra_body or {}), "messages": turn.effective, **fields}
+    if headers:
+        out["extra_headers"] = {**(out.get("extra_headers") or {}), **headers}
     return Call(session, turn, out)
 
 
@@ -197,17 +138,36 @@ async def prepare_post(
         return None
     tools = check_tools(body["tools"]) if given(body.get("tools")) else None
     session, turn = await _prepare_turn(client, body.get("messages"), tools, None)
+    fields, headers = session_extras(session, turn, body.get("metadata"))
     new_options, new_body = dict(options), {**body, "messages": turn.effective}
+    if "metadata" in fields:
+        new_body["metadata"] = fields.pop("metadata")
+    if fields:
+        new_options["extra_json"] = {**(extra or {}), **fields}
+    if headers:
+        new_options["headers"] = {**(options.get("headers") or {}), **headers}
+    return Call(session, turn, {}), new_body, new_options
+
+
+def session_extras(
+    session: LeylineSession, turn: PreparedTurn, metadata: Mapping[str, Any] | None
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """What a session's request adds: body fields and headers.
+
+    The ``leyline`` extension as its own field, or — behind a gateway, which drops unknown
+    fields but keeps OpenAI's ``metadata`` — inside the caller's ``metadata`` (:func:`with_carrier`);
+    behind a gateway also the session's routing header.
+    """
+    fields: dict[str, Any] = {}
     gateway = session.gateway
     if turn.extension is not None:
         extension = turn.extension.model_dump(mode="json", exclude_none=True)
         if gateway is None:
-            new_options["extra_json"] = {**(extra or {}), "leyline": extension}
+            fields["leyline"] = extension
         else:
-            new_body["metadata"] = with_carrier(body.get("metadata"), extension)
-    if gateway is not None:
-        new_options["headers"] = {**(options.get("headers") or {}), gateway.routing_header: session.routing_key}
-    return Call(session, turn, {}), new_body, new_options
+            fields["metadata"] = with_carrier(metadata, extension)
+    headers = {gateway.routing_header: session.routing_key} if gateway is not None else {}
+    return fields, headers
 
 
 async def _prepare_turn(

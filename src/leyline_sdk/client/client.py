@@ -52,8 +52,9 @@ from typing import TYPE_CHECKING, Any
 import openai
 from openai._compat import cached_property
 
-from leyline_sdk.client.completions import AsyncLeylineChat, LeylineChat, route_post, route_post_sync
+from leyline_sdk.client.completions import AsyncLeylineChat, LeylineChat
 from leyline_sdk.client.options import LeylineOptions, connection
+from leyline_sdk.client.post import route_post, route_post_sync
 from leyline_sdk.client.registry import ClientState
 from leyline_sdk.client.routes import AsyncRoutes, SyncRoutes, drive
 from leyline_sdk.client.sync import SyncBlocks, SyncSession

@@ -36,10 +36,10 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from leyline_sdk.core.directives import Directive, digest
+from leyline_sdk.core.directives import Directive
 from leyline_sdk.core.fallbacks import BlockFallback, FallbackCode
 from leyline_sdk.core.validation import check_tools
-from leyline_sdk.core.wire import LeylineRequest, LeylineResult
+from leyline_sdk.core.wire import LeylineRequest
 from leyline_sdk.explain.turns import decoder_of, local_chat
 from leyline_sdk.session import ops
 from leyline_sdk.session.blocks import Blocks, place_blocks, with_repair
@@ -47,6 +47,7 @@ from leyline_sdk.session.gateway import Gateway
 from leyline_sdk.session.history import History
 from leyline_sdk.session.planner import Plan, Unplanned, turn_plan, unedited_render
 from leyline_sdk.session.port import LeylineRoutes
+from leyline_sdk.session.record import record_turn
 from leyline_sdk.session.renderer import Renderer
 from leyline_sdk.session.server_view import ServerView
 from leyline_sdk.session.stats import TurnStats
@@ -217,38 +218,16 @@ class LeylineSession:
         """
         return self.conversation.add_block_message(message)
 
-    def record(self, turn: PreparedTurn, leyline: Mapping[str, Any] | None, usage: Any, completion: Any = None) -> None:
-        """Stats of a finished request; adopt the server's session and base when they check out.
-
-        ``leyline`` is the response's ``leyline`` field (a stream's last one), ``usage`` its
-        usage, ``completion`` the response itself (carried by a strict session's error).
-        """
-        stats = TurnStats.of_turn(len(self.stats) + 1, turn, usage)
-        result = LeylineResult.model_validate(leyline) if leyline is not None else None
-        if result is not None and turn.prompt is not None:
-            self._adopt_result(turn, result, stats)
-        stats.elapsed_ms = (time.perf_counter() - turn.started) * 1e3
-        self.stats.append(stats)
-        if self.server.unrecorded is turn:
-            self.server.unrecorded = None
-        if self.strict and result is not None and result.fallback is not None:
-            raise self.routes.fallback_error(result.fallback.code, result.fallback.message, completion)
-
-    def _adopt_result(self, turn: PreparedTurn, result: LeylineResult, stats: TurnStats) -> None:
-        """Count the server's tokens; adopt its session id and the new base if our tokens agree."""
-        assert turn.prompt is not None
-        stats.count(result)
-        stats.fallback = result.fallback.code if result.fallback else stats.fallback
-        if result.fallback is not None and turn.block_ids:  # verify those blocks before reusing them
-            self.blocks.suspect(turn.block_ids)
-        self.server.session_id = result.session_id or self.server.session_id
-        tokens = turn.prompt.tokens + result.completion_token_ids
-        server_digest = result.base.digest if result.base else None
-        if server_digest is not None and server_digest == digest(tokens):
-            self.server.adopt(tokens, server_digest, list(turn.effective), turn.prompt)
-        else:  # our rendering disagrees with the server's: no directives until it agrees again
-            self.server.forget_base()
-            stats.fallback = stats.fallback or FallbackCode.TOKENIZER_MISMATCH.value
+    def record(
+        self,
+        turn: PreparedTurn,
+        leyline: Mapping[str, Any] | None,
+        usage: Any,
+        completion: Any = None,
+        reply: Mapping[str, Any] | None = None,
+    ) -> TurnStats:
+        """Read a finished request's answer (:func:`~leyline_sdk.session.record.record_turn`)."""
+        return record_turn(self, turn, leyline, usage, completion, reply)
 
     async def sync_edits(self, tools: Sequence[Mapping[str, Any]] | None = None) -> TurnStats | None:
         """Run the policies now and splice the server's cache without generating (while a tool runs).
