@@ -68,18 +68,23 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 
-# Every benchmark, one after the other (never two at once: they time the CPU). Tables go to
-# docs/results/<name>.md (plots next to them); about 1.5 hours on 2 cores, the real-model ones
-# (agreement, notes, replay, vs_llamacpp) most of it. One alone: $(PY) benchmarks/bench_X.py --help.
+# Every benchmark, one after the other (never two at once: they time the CPU). Raw tables go to
+# docs/results/tables/<name>.md, plots to docs/results/<name>.png; the prose pages in docs/results/
+# (one per benchmark, indexed in docs/results/README.md) are written by hand and link their table,
+# so nothing here writes them. About 1.5 hours on 2 cores, the real-model ones (agreement, notes,
+# replay, vs_llamacpp) most of it. One alone: $(PY) benchmarks/bench_X.py --help.
 BENCHES ?= diff sdk_turn radix rotate drift reasoning engine speed agreement notes replay vs_llamacpp idle_sessions
 bench: SHELL := /bin/bash
 bench: $(STAMP)
-	@mkdir -p docs/results
+	@mkdir -p docs/results/tables
 	@set -eo pipefail; for b in $(BENCHES); do \
 		echo "==> benchmarks/bench_$$b.py"; \
 		case $$b in \
-			notes|vs_llamacpp) $(PY) benchmarks/bench_$$b.py ;; \
-			*) $(PY) benchmarks/bench_$$b.py | tee docs/results/$$b.md ;; \
+			notes) $(PY) benchmarks/bench_notes.py --md docs/results/tables/notes.md ;; \
+			vs_llamacpp) $(PY) benchmarks/bench_vs_llamacpp.py; \
+				if [ -f docs/results/bench_vs_llamacpp.md ]; then \
+					mv -f docs/results/bench_vs_llamacpp.md docs/results/tables/bench_vs_llamacpp.md; fi ;; \
+			*) $(PY) benchmarks/bench_$$b.py | tee docs/results/tables/$$b.md ;; \
 		esac; \
 	done
 

@@ -10,7 +10,7 @@ prompt, ``--prompt``) is served and ``--steps`` greedy tokens decoded: the turn'
 includes parking the idle sessions out of the pool and moving the new one's cells down) and the
 decode speed, against the same engine with no idle session (plain llama.cpp's own speed is printed
 for scale; the two are compared in alternating rounds by ``bench_vs_llamacpp.py``). Writes a markdown
-table to stdout (``make bench`` copies it to ``docs/results/idle_sessions.md``).
+table to stdout (``make bench`` copies it to ``docs/results/tables/idle_sessions.md``).
 """
 
 from __future__ import annotations

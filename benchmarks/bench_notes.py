@@ -1,7 +1,7 @@
 """Edits that keep the model right: field edits and KV blocks on the real model.
 
     .venv/bin/python benchmarks/bench_notes.py [--cases 12] [--block-sizes 1024 2048 4096] [--questions 8]
-        [--md docs/results/notes.md] [--png docs/results/notes.png]
+        [--md docs/results/tables/notes.md] [--png docs/results/notes.png]
 
 SmolLM2-135M-Instruct on the embedded engine (fp32, CPU), driven directly (prefill, splice, decode).
 
@@ -313,7 +313,7 @@ def main() -> None:
     parser.add_argument("--fillers", type=int, default=3, help="tool calls between the read and the write")
     parser.add_argument("--block-sizes", type=int, nargs="+", default=[1024, 2048, 4096])
     parser.add_argument("--questions", type=int, default=8, help="questions per block size")
-    parser.add_argument("--md", type=_path, default=Path("docs/results/notes.md"), help="'' to write none")
+    parser.add_argument("--md", type=_path, default=Path("docs/results/tables/notes.md"), help="'' to write none")
     parser.add_argument("--png", type=_path, default=Path("docs/results/notes.png"), help="'' to draw none")
     args = parser.parse_args()
     if not 1 <= args.questions <= len(WORDS):

