@@ -71,7 +71,15 @@ def _server_args(parser: argparse.ArgumentParser) -> None:
         "--isolate-keys", action=argparse.BooleanOptionalAction, default=None,
         help="a prefix cache per API key (default: on when keys are configured)",
     )  # fmt: skip
-    group.add_argument("--auto-splice", action="store_true", help="splice edits of clients that send no directives")
+    group.add_argument(
+        "--auto-splice", action="store_true",
+        help="sessions for clients that send no directives (conversations recognised, the template's edits spliced)",
+    )  # fmt: skip
+    group.add_argument(
+        "--splice-client-edits", action="store_true",
+        help="splice (amortize) the edits plain clients make to their own history, for every request "
+        "(per request: the header X-Leyline-Client-Edits: amortize); approximate KV for those clients",
+    )  # fmt: skip
     group.add_argument("--max-sessions", type=int, default=4096, help="sessions kept (least recently used dropped)")
     group.add_argument("--max-sessions-per-key", type=int, default=1024, help="sessions kept per API key")
     group.add_argument("--session-ttl", type=float, default=3600.0, help="seconds an idle session is kept")
@@ -194,6 +202,7 @@ def server_config(args: argparse.Namespace) -> Any:
         api_keys=frozenset(keys),
         isolate_keys=args.isolate_keys,
         auto_splice=args.auto_splice,
+        splice_client_edits=args.splice_client_edits,
         max_context_tokens=args.context_length,
         max_sessions=args.max_sessions,
         max_sessions_per_key=args.max_sessions_per_key,

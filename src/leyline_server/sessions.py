@@ -42,7 +42,7 @@ class Session:
     last_used: float = 0.0
     users: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    # auto-splice's own record of a plain client's conversation (owned by api.autosplice, opaque here)
+    # auto-splice's own record of a plain client's conversation (owned by api.conversations, opaque here)
     auto: Any = None
 
     @property

@@ -13,7 +13,7 @@ from benchmarks.traces import REASONING_TEMPLATE, TOOLS, messages_at, reasoning_
 from leyline_sdk.core.directives import apply
 from leyline_sdk.explain.templates import Transcript
 from leyline_sdk.render.rendering import normalize_messages
-from leyline_server.api.autosplice import AutoTurn
+from leyline_server.api.conversations import RecognisedTurn
 from leyline_server.api.render import message_digests
 from tests.e2e.server_helpers import make_service, running_server
 
@@ -56,17 +56,33 @@ async def test_the_server_explains_the_templates_edits_and_no_other_conversation
     base = old.tokens + chat.encode("noise the model said<|im_end|>")[0]
     session = service.sessions.open(None, None)
     session.handle = await service.engine.open(base, session.scope)
-    digest = message_digests(normalize_messages(before), TOOLS)[-1]
-    service.auto.commit(session, AutoTurn(old.tokens, Transcript(before, TOOLS, old), None, digest))
-    turn = await service.auto.prepare(None, messages_at(steps, 10), TOOLS)
+    conversations = service.conversations
+    msgs = normalize_messages(before)
+    digest = message_digests(msgs, TOOLS)[-1]
+    conversations.commit(session, RecognisedTurn(old.tokens, Transcript(msgs, TOOLS, old), None, {}, digest))
+    conversations.replied(session, steps[9].answer)  # the reply the server generated (its tool-call ids)
+    turn = await conversations.prepare(None, messages_at(steps, 10), TOOLS)
     assert turn is not None and turn.session is session  # its own previous turn, extended
-    request = await service.auto.splice_request(session, turn)
+    request = await conversations.splice_request(session, turn)
     assert request is not None
     result = apply(base, request.directives)
     assert turn.tokens[: len(result)] == result  # the server's own render is the oracle
     assert set(turn.sources) == {"template"} and len(turn.sources) == len(request.directives)
     edited = messages_at(steps, 10)
     edited[3] = {**edited[3], "content": "[evicted]"}  # the client stubbed an old tool output itself
-    other = await service.auto.prepare(None, edited, TOOLS)
-    assert other is not None and other.session is None  # not provably this conversation: a new session
+    mine = await conversations.prepare(None, edited, TOOLS)
+    assert mine is not None and mine.session is session  # it carries this session's reply: the same conversation
+    request = await conversations.splice_request(session, mine)
+    assert request is not None and "client" in mine.sources
+    assert apply(base, request.directives) == mine.tokens[: len(apply(base, request.directives))]
+    forgets = [d for d, src in zip(request.directives, mine.sources, strict=True) if src == "client"]
+    assert forgets and all(d.mode.value == "forget" for d in forgets)  # no opt-in: exact from the edit on
+    rewritten = messages_at(steps, 10)
+    rewritten[len(before)] = {**rewritten[len(before)], "content": "an answer the server did not write"}
+    other = await conversations.prepare(None, rewritten, TOOLS)
+    assert other is not None and other.session is session and not other.reply_proven  # its exact prefix
+    request = await conversations.splice_request(session, other)
+    kept = apply(base, request.directives) if request else base[: len(old.tokens)]
+    reply_start = other.transcript.render.message_spans[len(before)].start
+    assert len(kept) <= reply_start and other.tokens[: len(kept)] == kept  # nothing kept from the reply on
     await service.shutdown()

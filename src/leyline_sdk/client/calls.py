@@ -117,7 +117,7 @@ async def prepare_call(
         out["tools"] = tools
     elif session is not None and "tools" in out and out["tools"] is None:
         del out["tools"]  # a session's "no tools given", not a null to send
-    session, turn = await _prepare_turn(client, messages, tools, session)
+    session, turn = await _prepare_turn(client, messages, tools, session, _cache_key(kwargs.get("prompt_cache_key")))
     out["messages"] = []  # the effective messages go in extra_body: see the module docstring
     mine = (extra_body or {}).get("metadata", out.get("metadata"))
     fields, headers = session_extras(session, turn, mine if given(mine) else None)
@@ -137,7 +137,8 @@ async def prepare_post(
     if "leyline" in body or (isinstance(extra, Mapping) and "leyline" in extra):
         return None
     tools = check_tools(body["tools"]) if given(body.get("tools")) else None
-    session, turn = await _prepare_turn(client, body.get("messages"), tools, None)
+    cache_key = _cache_key(body.get("prompt_cache_key"))
+    session, turn = await _prepare_turn(client, body.get("messages"), tools, None, cache_key)
     fields, headers = session_extras(session, turn, body.get("metadata"))
     new_options, new_body = dict(options), {**body, "messages": turn.effective}
     if "metadata" in fields:
@@ -170,12 +171,22 @@ def session_extras(
     return fields, headers
 
 
+def _cache_key(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
 async def _prepare_turn(
-    client: SessionSource, messages: Any, tools: list[dict[str, Any]] | None, session: LeylineSession | None
+    client: SessionSource,
+    messages: Any,
+    tools: list[dict[str, Any]] | None,
+    session: LeylineSession | None,
+    cache_key: str | None = None,
 ) -> tuple[LeylineSession, PreparedTurn]:
     history = wire_messages(check_messages(messages))  # as openai would send them: JSON all the way down
     state = client._leyline_state
     await state.registry.reap()
     if session is None:
-        session = state.registry.find(history) or client._new_session()
+        session = state.registry.find(history, cache_key) or client._new_session()
+    if cache_key is not None:
+        session.cache_key = cache_key
     return session, await session.prepare(history, tools)

@@ -22,23 +22,29 @@ client (:mod:`leyline_sdk.client.routes`). Differences from openai's defaults, o
   8 + 8 = 23.5 s nominal) before giving up, so a server restart of ~10 s is ridden over without
   an error (connection errors, 408, 409, 429 and 5xx are retried, as openai does).
 
-Leyline's arguments: ``policies``, ``tokenizer`` (a local :class:`~leyline_sdk.render.rendering.ChatTokenizer`
-rendering like the server; default: the server's ``/leyline/tokenize``), ``strict`` (raise
-:class:`~leyline_sdk.client.fallback.SpliceFallbackError` instead of falling back), ``max_sessions``
-(sessions remembered, least recently used first out; a forgotten one's server-side session is
-deleted at the next call), ``seam_repair`` (tokens recomputed after each ``amortize``
-replacement), ``behind_router`` and ``routing_header`` (a gateway such as SGLang's router in
-front: each session sends its own routing key in that header, default ``X-SMG-Routing-Key``, and
-the extension in ``metadata["leyline"]``, over ``/v1/chat/completions`` only; give a local
-``tokenizer`` to splice there. SGLang's router is also detected from the first 404 on a Leyline
-route, and logged once: :mod:`leyline_sdk.session.gateway`). ``with_options`` keeps them (and can
-change ``policies``, ``tokenizer``, ``strict``, ``seam_repair``); a copy for the same base URL
-and key shares the parent's sessions
-(:mod:`leyline_sdk.client.registry`). Sessions are explicit (``client.session(...)``) or found by the
-longest known message prefix; ``chat.completions.create`` / ``parse`` / ``stream`` and any other
-``POST /chat/completions`` made through the client (LiteLLM posts its own request bodies with
-``client.post``) go through them. ``close()`` (``async with`` exit) deletes the server-side sessions
-of every remembered session, then closes the HTTP client. Against a server without Leyline (no
+Leyline's arguments: ``policies``, ``tokenizer`` (a local
+:class:`~leyline_sdk.render.rendering.ChatTokenizer` rendering like the server; default: the
+server's ``/leyline/tokenize``), ``strict`` (raise
+:class:`~leyline_sdk.client.fallback.SpliceFallbackError` instead of falling back),
+``max_sessions`` (sessions remembered, least recently used first out; a forgotten one's
+server-side session is deleted at the next call), ``client_edits`` (how the agent's own edits of
+its history are spliced: ``"auto"``, the default, splices content it removed or shortened — a
+cleared tool result, a placeholder, a summary — and recomputes content it changed otherwise;
+``"amortize"`` / ``"forget"`` for every edit; :mod:`leyline_sdk.session.planner`),
+``seam_repair`` (tokens recomputed after each ``amortize`` replacement), ``behind_router`` and
+``routing_header`` (a gateway such as SGLang's router in front: each session sends its own
+routing key in that header, default ``X-SMG-Routing-Key``, and the extension in
+``metadata["leyline"]``, over ``/v1/chat/completions`` only; give a local ``tokenizer`` to
+splice there. SGLang's router is also detected from the first 404 on a Leyline route, and logged
+once: :mod:`leyline_sdk.session.gateway`). ``with_options`` keeps them (and can change
+``policies``, ``tokenizer``, ``strict``, ``seam_repair``); a copy for the same base URL and key
+shares the parent's sessions (:mod:`leyline_sdk.client.registry`). Sessions are explicit
+(``client.session(...)``) or found by conversation, even after the agent edited it
+(:mod:`leyline_sdk.client.registry`);
+``chat.completions.create`` / ``parse`` / ``stream`` and any other ``POST /chat/completions``
+made through the client (LiteLLM posts its own request bodies with ``client.post``) go through
+them. ``close()`` (``async with`` exit) deletes the server-side sessions of every remembered
+session, then closes the HTTP client. Against a server without Leyline (no
 ``/v1/leyline/tokenize``) the client is a plain openai client: policies still shorten the
 context, and no ``leyline`` field is sent.
 """
@@ -108,6 +114,11 @@ class _LeylineParts:
         return self._leyline.seam_repair
 
     @property
+    def client_edits(self) -> str:
+        """How new sessions splice the agent's own edits of its history (``auto``, ``amortize``, ``forget``)."""
+        return self._leyline.client_edits
+
+    @property
     def gateway(self) -> Gateway | None:
         """The gateway requests pass (``behind_router=True`` or a detected router), else ``None``."""
         return self._leyline_state.probe.gateway
@@ -140,6 +151,7 @@ class _LeylineParts:
             tools,
             on_use=state.registry.touch,
             seam_repair=options.seam_repair if seam_repair is None else seam_repair,
+            client_edits=options.client_edits,  # type: ignore[arg-type]  # checked by LeylineOptions
             blocks=state.blocks,
             send=send,
         )
@@ -182,6 +194,7 @@ class AsyncLeyline(_LeylineParts, openai.AsyncOpenAI):
         seam_repair: int = 4,
         behind_router: bool = False,
         routing_header: str = DEFAULT_ROUTING_HEADER,
+        client_edits: str = "auto",
         base_url: Any = None,
         api_key: Any = None,
         max_retries: int = DEFAULT_MAX_RETRIES,
@@ -189,7 +202,7 @@ class AsyncLeyline(_LeylineParts, openai.AsyncOpenAI):
         **kwargs: Any,
     ) -> None:
         options = LeylineOptions.of(
-            policies, tokenizer, strict, max_sessions, seam_repair, behind_router, routing_header
+            policies, tokenizer, strict, max_sessions, seam_repair, behind_router, routing_header, client_edits
         )
         kwargs.pop("_enforce_credentials", None)
         base_url, api_key = connection(base_url, api_key, DEFAULT_BASE_URL)
@@ -237,11 +250,18 @@ class AsyncLeyline(_LeylineParts, openai.AsyncOpenAI):
         tokenizer: Any = _NOT_GIVEN,
         strict: Any = _NOT_GIVEN,
         seam_repair: Any = _NOT_GIVEN,
+        client_edits: Any = _NOT_GIVEN,
         _extra_kwargs: Mapping[str, Any] = {},
         **kwargs: Any,
     ) -> AsyncLeyline:
         """openai's ``copy`` / ``with_options``; Leyline's arguments carry over unless given."""
-        overrides = {"policies": policies, "tokenizer": tokenizer, "strict": strict, "seam_repair": seam_repair}
+        overrides = {
+            "policies": policies,
+            "tokenizer": tokenizer,
+            "strict": strict,
+            "seam_repair": seam_repair,
+            "client_edits": client_edits,
+        }
         extra = self._copy_kwargs(overrides, _extra_kwargs)
         return super().copy(_extra_kwargs=extra, **kwargs)
 
@@ -277,6 +297,7 @@ class Leyline(_LeylineParts, openai.OpenAI):
         seam_repair: int = 4,
         behind_router: bool = False,
         routing_header: str = DEFAULT_ROUTING_HEADER,
+        client_edits: str = "auto",
         base_url: Any = None,
         api_key: Any = None,
         max_retries: int = DEFAULT_MAX_RETRIES,
@@ -284,7 +305,7 @@ class Leyline(_LeylineParts, openai.OpenAI):
         **kwargs: Any,
     ) -> None:
         options = LeylineOptions.of(
-            policies, tokenizer, strict, max_sessions, seam_repair, behind_router, routing_header
+            policies, tokenizer, strict, max_sessions, seam_repair, behind_router, routing_header, client_edits
         )
         kwargs.pop("_enforce_credentials", None)
         base_url, api_key = connection(base_url, api_key, DEFAULT_BASE_URL)
@@ -333,11 +354,18 @@ class Leyline(_LeylineParts, openai.OpenAI):
         tokenizer: Any = _NOT_GIVEN,
         strict: Any = _NOT_GIVEN,
         seam_repair: Any = _NOT_GIVEN,
+        client_edits: Any = _NOT_GIVEN,
         _extra_kwargs: Mapping[str, Any] = {},
         **kwargs: Any,
     ) -> Leyline:
         """openai's ``copy`` / ``with_options``; Leyline's arguments carry over unless given."""
-        overrides = {"policies": policies, "tokenizer": tokenizer, "strict": strict, "seam_repair": seam_repair}
+        overrides = {
+            "policies": policies,
+            "tokenizer": tokenizer,
+            "strict": strict,
+            "seam_repair": seam_repair,
+            "client_edits": client_edits,
+        }
         extra = self._copy_kwargs(overrides, _extra_kwargs)
         return super().copy(_extra_kwargs=extra, **kwargs)
 

@@ -10,13 +10,16 @@ from typing import Any
 
 import openai
 
+from leyline_sdk.session.planner import CLIENT_EDITS
+
 __all__ = ["LeylineOptions", "connection"]
 
 
 @dataclass(frozen=True)
 class LeylineOptions:
-    """``policies``, ``tokenizer``, ``strict``, ``max_sessions``, ``seam_repair``, ``behind_router`` and
-    ``routing_header`` of a client (the last two: :mod:`leyline_sdk.session.gateway`)."""
+    """``policies``, ``tokenizer``, ``strict``, ``max_sessions``, ``seam_repair``, ``behind_router``,
+    ``routing_header`` (these two: :mod:`leyline_sdk.session.gateway`) and ``client_edits`` (the mode
+    of the agent's own history edits: :mod:`leyline_sdk.session.planner`) of a client."""
 
     policies: tuple[Any, ...] = ()
     tokenizer: Any = None
@@ -25,6 +28,7 @@ class LeylineOptions:
     seam_repair: int = 4
     behind_router: bool = False
     routing_header: str = "X-SMG-Routing-Key"
+    client_edits: str = "auto"
 
     def __post_init__(self) -> None:
         if isinstance(self.max_sessions, bool) or not isinstance(self.max_sessions, int) or self.max_sessions < 1:
@@ -38,6 +42,8 @@ class LeylineOptions:
             raise TypeError(f"behind_router must be a bool, got {type(self.behind_router).__name__}")
         if not isinstance(self.routing_header, str) or not self.routing_header.strip():
             raise ValueError(f"routing_header must be a header name, got {self.routing_header!r}")
+        if self.client_edits not in CLIENT_EDITS:
+            raise ValueError(f"client_edits must be one of {', '.join(CLIENT_EDITS)}, got {self.client_edits!r}")
 
     @classmethod
     def of(
@@ -49,11 +55,14 @@ class LeylineOptions:
         seam_repair: int,
         behind_router: bool = False,
         routing_header: str = "X-SMG-Routing-Key",
+        client_edits: str = "auto",
     ) -> LeylineOptions:
         """Validated options (``ValueError`` / ``TypeError`` naming the argument)."""
         if isinstance(policies, str) or not isinstance(policies, Sequence):
             raise TypeError(f"policies must be a list of policies, got {type(policies).__name__}")
-        return cls(tuple(policies), tokenizer, strict, max_sessions, seam_repair, behind_router, routing_header)
+        return cls(
+            tuple(policies), tokenizer, strict, max_sessions, seam_repair, behind_router, routing_header, client_edits
+        )
 
     def replace(self, **changes: Any) -> LeylineOptions:
         """These options with ``changes`` (validated again)."""
@@ -71,6 +80,7 @@ class LeylineOptions:
             "seam_repair": self.seam_repair,
             "behind_router": self.behind_router,
             "routing_header": self.routing_header,
+            "client_edits": self.client_edits,
         }
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import openai
 
+from leyline_sdk.explain.identity import marks_of, opening
 from leyline_sdk.session.blocks import Blocks
 from leyline_sdk.session.gateway import DEFAULT_ROUTING_HEADER, Gateway
 from leyline_sdk.session.port import LeylineRoutes
@@ -52,16 +53,41 @@ class SessionRegistry:
             _, evicted = self._sessions.popitem(last=False)
             self._evicted.append(evicted)
 
-    def find(self, messages: Sequence[Mapping[str, Any]]) -> LeylineSession | None:
-        """The remembered session whose full history is the longest prefix of ``messages``."""
+    def find(self, messages: Sequence[Mapping[str, Any]], cache_key: str | None = None) -> LeylineSession | None:
+        """The remembered session ``messages`` continue, found by the first of these that finds one:
+
+        1. the session whose full history is the longest prefix of ``messages`` (no edit);
+        2. the one session whose latest reply (the server's, by its mark: tool-call ids, else a
+           digest of its text; :mod:`leyline_sdk.explain.identity`) ``messages`` carry — the agent
+           edited its history (cleared, shortened, removed or inserted messages) but kept that reply;
+        3. the one session with the same ``prompt_cache_key`` and the same opening.
+
+        Two sessions equally likely (two conversations that opened and were answered alike) mean
+        none: the call opens a new session, never a wrong one.
+        """
         best, best_n = None, 0
         for session in self._sessions.values():
             n = session.matches(messages)
             if n > best_n:
                 best, best_n = session, n
-        if best is not None:
-            self.touch(best)
-        return best
+        found = best if best is not None else self._by_reply(messages) or self._by_key(messages, cache_key)
+        if found is not None:
+            self.touch(found)
+        return found
+
+    def _by_reply(self, messages: Sequence[Mapping[str, Any]]) -> LeylineSession | None:
+        for mark in reversed(marks_of(messages)):
+            found = [s for s in self._sessions.values() if s.server.replies and s.server.replies[-1] == mark]
+            if found:
+                return found[0] if len(found) == 1 else None
+        return None
+
+    def _by_key(self, messages: Sequence[Mapping[str, Any]], cache_key: str | None) -> LeylineSession | None:
+        if cache_key is None:
+            return None
+        first = opening(messages)
+        found = [s for s in self._sessions.values() if s.cache_key == cache_key and opening(s.history) == first]
+        return found[0] if len(found) == 1 else None
 
     async def reap(self) -> None:
         """Delete the server-side sessions of sessions forgotten since (best effort)."""

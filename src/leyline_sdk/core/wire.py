@@ -92,11 +92,12 @@ class LeylineResult(SpliceCounts):
 
     ``base`` is the session's base after this turn (prompt + completion): send it back with the
     next directives. ``completion_token_ids`` are the generated tokens, so a client can rebuild
-    the base without re-tokenizing. With auto-splice, ``sources`` says who made each directive the
-    server derived (``"template"``: the chat template rendered unchanged messages differently,
-    e.g. dropped earlier reasoning) and ``template_directives`` counts the template's. The server
-    continues a plain client's session only when its earlier messages are unchanged, so it
-    derives no ``"client"`` directives (a changed message opens a new session).
+    the base without re-tokenizing. For a plain client whose conversation the server recognised
+    (``auto_splice``), ``sources`` says who made each directive the server derived
+    (``"template"``: the chat template rendered unchanged messages differently, e.g. dropped
+    earlier reasoning; ``"client"``: the client edited its own history, spliced in ``amortize``
+    mode only under its opt-in, else recomputed) and ``template_directives`` /
+    ``client_directives`` count them.
     """
 
     session_id: str | None = None
@@ -105,6 +106,7 @@ class LeylineResult(SpliceCounts):
     completion_token_ids: list[int] = Field(default_factory=list)
     sources: list[str] = Field(default_factory=list)
     template_directives: int = 0
+    client_directives: int = 0
 
 
 class SessionInfo(BaseModel):

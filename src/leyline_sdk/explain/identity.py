@@ -13,7 +13,7 @@ generated. A reply's mark is
 
 A request continues a conversation when it carries that conversation's **latest** reply; a
 request that carries an older reply is a fork and gets a conversation of its own. The server
-(:mod:`leyline_server.api.autosplice`) and the SDK (``leyline_sdk.client.registry``) both decide
+(:mod:`leyline_server.api.conversations`) and the SDK (``leyline_sdk.client.registry``) both decide
 with :func:`reply_mark` and :func:`marks_of`.
 """
 
@@ -23,7 +23,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["reply_mark", "marks_of", "message_text", "is_call_mark"]
+__all__ = ["reply_mark", "marks_of", "message_text", "is_call_mark", "opening"]
 
 
 def message_text(content: Any) -> str:
@@ -57,3 +57,13 @@ def is_call_mark(mark: str) -> bool:
 def marks_of(messages: Sequence[Mapping[str, Any]]) -> list[str]:
     """The marks of every assistant message in ``messages``, in order (those without one left out)."""
     return [m for m in (reply_mark(msg) for msg in messages) if m is not None]
+
+
+def opening(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The messages before the first assistant message (what a conversation opened with)."""
+    out = []
+    for m in messages:
+        if m.get("role") == "assistant":
+            break
+        out.append(m)
+    return out

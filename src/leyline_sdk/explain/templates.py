@@ -51,6 +51,7 @@ __all__ = [
     "explain",
     "explain_composed",
     "is_removal",
+    "Label",
 ]
 
 Decoder = Callable[[Sequence[int]], str]
@@ -149,15 +150,19 @@ def _region_of(regions: Sequence[Region], a0: int, a1: int) -> int:
     return -1
 
 
+Label = tuple[Mode, Source] | Callable[[Sequence[int], Sequence[int]], tuple[Mode, Source]]
+
+
 def _label(
     base: Sequence[int],
     new: Sequence[int],
     raw: Sequence[tuple[int, int, int, int]],
     regions: Sequence[Region],
     decode: Decoder | None,
-    default: tuple[Mode, Source] | None = None,
+    default: Label | None = None,
 ) -> list[Hunk]:
-    """Each hunk's mode and source: its edited region's, else ``default``, else the template rule."""
+    """Each hunk's mode and source: its edited region's, else ``default`` (a label, or a function of
+    the hunk's old and new tokens), else the template rule."""
     out = []
     for a0, a1, b0, b1 in raw:
         k = _region_of(regions, a0, a1)
@@ -165,7 +170,8 @@ def _label(
             out.append(Hunk(a0, a1, b0, b1, regions[k].mode, regions[k].source, k))
             continue
         if default is not None:
-            out.append(Hunk(a0, a1, b0, b1, *default))
+            mode, source = default(base[a0:a1], new[b0:b1]) if callable(default) else default
+            out.append(Hunk(a0, a1, b0, b1, mode, source))
             continue
         mode = Mode.AMORTIZE if is_removal(base[a0:a1], new[b0:b1], decode) else Mode.FORGET
         out.append(Hunk(a0, a1, b0, b1, mode, Source.TEMPLATE))
@@ -230,14 +236,14 @@ def explain(
     *,
     prefix: bool = True,
     decode: Decoder | None = None,
-    default: tuple[Mode, Source] | None = None,
+    default: Label | None = None,
     limits: AlignLimits = DEFAULT_LIMITS,
 ) -> Explanation:
     """Directives with ``apply(base, D) == new`` (``prefix=True``: a prefix of ``new``).
 
     ``regions`` (sorted) are base ranges of messages a policy or the client edited; every other
     difference is the template's (the rule in the module docstring), or ``default``'s where given
-    (a caller that cannot tell who made it).
+    (a caller that cannot tell who made it: a label, or a function of a hunk's old and new tokens).
     """
     blocks = matching_blocks(base, new, suffix=not prefix, limits=limits)
     raw = _raw_hunks(blocks, len(base), len(new), prefix)

@@ -5,12 +5,20 @@ nothing is lost) and the **effective** one the model sees (after the policies). 
 *sticky*: once a message is evicted it renders the same way every later turn, so an edit is paid
 once. ``block_prints`` are the messages registered as block messages
 (:meth:`History.add_block_message`).
+
+The agent may edit its own history too (clear an old tool result, trim old messages,
+summarise): :meth:`History.adopt` takes the new full history and carries each sticky edit over to
+the message it was made on, where that message is still there unchanged; an edit of a message the
+agent changed or removed itself is dropped (the agent's own edit governs it now).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from difflib import SequenceMatcher
 from typing import Any
 
 from leyline_sdk.core.directives import Mode
@@ -42,6 +50,19 @@ class History:
     sticky: dict[int, Edit] = field(default_factory=dict)
     block_prints: set[str] = field(default_factory=set)
 
+    def adopt(self, messages: list[dict[str, Any]]) -> None:
+        """The agent's new full history; sticky edits follow their messages (see the module docstring)."""
+        old, self.full = self.full, messages
+        if not self.sticky or (len(messages) >= len(old) and messages[: len(old)] == old):
+            return  # an extension: every index still names the same message
+        moved = _moved(old, messages)
+        sticky: dict[int, Edit] = {}
+        for i, edit in self.sticky.items():
+            if i not in moved:
+                continue  # the agent changed or removed that message itself
+            sticky[moved[i]] = _reindexed(edit, moved[i], moved, len(messages))
+        self.sticky = sticky
+
     def apply_policies(self, policies: Sequence[Any], tools: Sequence[Mapping[str, Any]] | None) -> PolicyPass:
         """Run ``policies`` over the full history (sticky edits first); keep and return the result."""
         effective, edits, report = run_policies(self.full, policies, tools, sticky=self.sticky)
@@ -56,3 +77,25 @@ class History:
         self.block_prints.add(block_fingerprint(clean))
         self.full.append(clean)
         return clean
+
+
+def _key(message: Mapping[str, Any]) -> str:
+    return json.dumps(message, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def _moved(old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]]) -> dict[int, int]:
+    """Old index -> new index of every message the agent kept unchanged (a message diff)."""
+    matcher = SequenceMatcher(None, [_key(m) for m in old], [_key(m) for m in new], autojunk=False)
+    out: dict[int, int] = {}
+    for a, b, size in matcher.get_matching_blocks():
+        out.update({a + k: b + k for k in range(size)})
+    return out
+
+
+def _reindexed(edit: Edit, index: int, moved: Mapping[int, int], length: int) -> Edit:
+    """``edit`` on message ``index`` now; its erratum after the kept message nearest its old anchor."""
+    note = edit.erratum
+    if note is not None and note.anchor is not None:
+        kept = [moved[a] for a in moved if a <= note.anchor]
+        note = dataclasses.replace(note, anchor=max(kept) if kept else min(index, length - 1))
+    return dataclasses.replace(edit, index=index, erratum=note)

@@ -12,23 +12,61 @@ into a prefix of the new prompt, or says why none can be sent (a fallback code):
 
 Every plan is verified here: ``apply(base, D)`` reproduces the new prompt's tokens (a prefix of
 them for a request). Pure apart from :func:`unedited_render`, which may render once more.
+
+**The agent's own edits.** A seen message the agent changed itself (not a policy) is a *client*
+edit; its mode is the session's ``client_edits`` setting (:data:`ClientEdits`): ``"auto"`` (the
+default) splices content the agent removed or replaced by something shorter — a cleared tool
+result, a placeholder, a summary: the eviction the splice exists for — in ``amortize`` mode, and
+recomputes content it changed to something longer (a changed fact) from there (``forget``);
+``"amortize"`` and ``"forget"`` apply one mode to every client edit. When the agent removed or
+inserted messages (trimming, a summary replacing several), the messages no longer line up by
+index: the base and the new prompt are aligned token by token (:func:`~leyline_sdk.explain.templates.explain`)
+and every difference is the client's, in the mode the setting gives a removal (``forget`` if a
+policy redacted something this turn).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from leyline_sdk.core.directives import Directive, Mode, apply
 from leyline_sdk.core.fallbacks import FallbackCode
+from leyline_sdk.explain.by_message import BlockLabel, pairs_by_index, realigned, seen_view
 from leyline_sdk.explain.diff import diff_to_directives
-from leyline_sdk.explain.templates import Decoder, Source
-from leyline_sdk.explain.turns import explain_turn, render_tokens, seen_view
+from leyline_sdk.explain.identity import message_text
+from leyline_sdk.explain.templates import Decoder, Label, Source, explain
+from leyline_sdk.explain.turns import explain_turn, render_tokens
 from leyline_sdk.render.rendering import RenderedConversation
 from leyline_sdk.session.server_view import ServerView
 
-__all__ = ["Plan", "Unplanned", "turn_plan", "sync_plan", "unedited_render"]
+__all__ = [
+    "ClientEdits",
+    "Plan",
+    "Unplanned",
+    "block_label",
+    "client_mode",
+    "hunk_label",
+    "turn_plan",
+    "sync_plan",
+    "unedited_render",
+]
+
+ClientEdits = Literal["auto", "amortize", "forget"]  # the mode of the agent's own edits (module docstring)
+CLIENT_EDITS = ("auto", "amortize", "forget")
+
+
+def client_mode(setting: ClientEdits, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> Mode:
+    """The mode of the agent's own edit of ``old`` into ``new`` (``None``: removed / inserted)."""
+    if setting != "auto":
+        return Mode(setting)
+    if new is None:
+        return Mode.AMORTIZE  # removed
+    if old is None:
+        return Mode.FORGET  # inserted: a fact the downstream never saw
+    shorter = len(message_text(new.get("content"))) < len(message_text(old.get("content")))
+    return Mode.AMORTIZE if shorter else Mode.FORGET
 
 
 @dataclass(frozen=True)
@@ -48,27 +86,29 @@ class Unplanned(Exception):
         self.code, self.message = code, message
 
 
-def _check_seen(view: ServerView, effective: Sequence[Mapping[str, Any]], prompt: RenderedConversation) -> int:
-    """The number of seen messages ``k``, after checking the request keeps them (roles and count)."""
+def _known(view: ServerView) -> None:
     if not view.knows_base:
         raise Unplanned(FallbackCode.BASE_MISMATCH, "the client does not know the server's base")
-    k = len(view.seen)
-    if min(len(effective), len(prompt.message_spans)) < k or any(
-        a.get("role") != b.get("role") for a, b in zip(effective, view.seen, strict=False)
-    ):
-        raise Unplanned(FallbackCode.PROMPT_MISMATCH, "the agent rewrote messages the server has seen")
-    return k
+
+
+def _lines_up(view: ServerView, effective: Sequence[Mapping[str, Any]], prompt: RenderedConversation) -> bool:
+    """Whether the request keeps the seen messages one for one (content may change; none moved)."""
+    return len(prompt.message_spans) >= len(view.seen) and pairs_by_index(view.seen, effective)
 
 
 def _changed(
-    view: ServerView, effective: Sequence[Mapping[str, Any]], modes: Mapping[int, Mode]
+    view: ServerView, effective: Sequence[Mapping[str, Any]], modes: Mapping[int, Mode], setting: ClientEdits
 ) -> dict[int, tuple[Mode, Source]]:
     """Seen messages that differ now, with their edit's mode and who made it (a policy or the client)."""
-    return {
-        i: (modes.get(i, Mode.AMORTIZE), Source.POLICY if i in modes else Source.CLIENT)
-        for i in range(len(view.seen))
-        if effective[i] != view.seen[i]
-    }
+    out = {}
+    for i, old in enumerate(view.seen):
+        if effective[i] == old:
+            continue
+        if i in modes:
+            out[i] = (modes[i], Source.POLICY)
+        else:
+            out[i] = (client_mode(setting, old, effective[i]), Source.CLIENT)
+    return out
 
 
 def turn_plan(
@@ -78,32 +118,82 @@ def turn_plan(
     modes: Mapping[int, Mode],
     unedited: Sequence[int] | None,
     decode: Decoder | None,
+    client_edits: ClientEdits = "auto",
 ) -> Plan:
     """The next request's directives (raises :class:`Unplanned`); consumes ``view.pending_modes``."""
-    k = _check_seen(view, effective, prompt)
+    _known(view)
     assert view.base_tokens is not None and view.seen_render is not None
-    seen = seen_view(prompt, k, view.seen_render)
     modes, view.pending_modes = {**view.pending_modes, **modes}, {}
+    if not _lines_up(view, effective, prompt):  # the agent removed or inserted messages
+        base, old = view.base_tokens, view.seen_render
+        paired = realigned(base, old, prompt, view.seen, effective, block_label(client_edits, modes), decode)
+        if paired is None:  # not pairable by message: aligned token by token
+            redacted = any(m is Mode.FORGET for m in modes.values())
+            label = hunk_label(Mode.FORGET if redacted else client_edits)
+            paired = explain(base, prompt.tokens, prefix=True, decode=decode, default=label)
+        return _verified(base, prompt, paired.directives, [s.value for s in paired.sources])
+    k = len(view.seen)
+    seen = seen_view(prompt, k, view.seen_render)
     explained = explain_turn(
         view.base_tokens,
         view.seen_render,
         prompt,
         k,
-        _changed(view, effective, modes),
+        _changed(view, effective, modes, client_edits),
         (lambda: unedited) if unedited is not None else None,
         decode,
     )
-    result = apply(view.base_tokens, explained.directives)
+    plan = _verified(view.base_tokens, prompt, explained.directives, [s.value for s in explained.sources])
+    return Plan(plan.directives, seen, plan.sources)
+
+
+def block_label(setting: ClientEdits, policy_modes: Mapping[int, Mode]) -> BlockLabel:
+    """A changed block's mode: the policy's where a policy edited one of its new messages, else the
+    agent's by ``setting`` (``auto``: removed or shortened: ``amortize``; inserted or longer: ``forget``)."""
+
+    def label(old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]], at: range) -> tuple[Mode, Source]:
+        policy = [policy_modes[j] for j in at if j in policy_modes]
+        if policy:
+            return (Mode.FORGET if Mode.FORGET in policy else Mode.AMORTIZE), Source.POLICY
+        if setting != "auto":
+            return Mode(setting), Source.CLIENT
+        before = sum(len(message_text(m.get("content"))) for m in old)
+        after = sum(len(message_text(m.get("content"))) for m in new)
+        return (Mode.AMORTIZE if old and after < before else Mode.FORGET), Source.CLIENT
+
+    return label
+
+
+def hunk_label(setting: ClientEdits | Mode) -> Label:
+    """How a client's edit found only in the tokens is labelled: by the setting, where ``auto`` reads
+    a hunk that got shorter as a removal (``amortize``) and anything else as a changed fact."""
+    if isinstance(setting, Mode) or setting != "auto":
+        return (Mode(setting), Source.CLIENT)
+
+    def label(old: Sequence[int], new: Sequence[int]) -> tuple[Mode, Source]:
+        return (Mode.AMORTIZE if len(new) < len(old) else Mode.FORGET, Source.CLIENT)
+
+    return label
+
+
+def _verified(
+    base: Sequence[int], prompt: RenderedConversation, directives: list[Directive], sources: list[str]
+) -> Plan:
+    """The plan, once ``apply(base, D)`` is checked to be a prefix of the prompt."""
+    result = apply(base, directives)
     if len(result) > len(prompt.tokens) or prompt.tokens[: len(result)] != result:
         raise Unplanned(FallbackCode.PROMPT_MISMATCH, "directives do not reproduce the prompt")
-    return Plan(explained.directives, seen, [s.value for s in explained.sources])
+    return Plan(directives, prompt, sources)
 
 
 def sync_plan(
     view: ServerView, effective: Sequence[Mapping[str, Any]], prompt: RenderedConversation, modes: Mapping[int, Mode]
 ) -> Plan | None:
     """``sync_edits``' directives for the seen messages; ``None``: left to the next request."""
-    k = _check_seen(view, effective, prompt)
+    _known(view)
+    if not _lines_up(view, effective, prompt):
+        raise Unplanned(FallbackCode.PROMPT_MISMATCH, "the agent removed or inserted messages the server has seen")
+    k = len(view.seen)
     assert view.base_tokens is not None and view.seen_render is not None
     old = view.seen_render
     seen = seen_view(prompt, k, old)

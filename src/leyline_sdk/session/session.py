@@ -45,7 +45,7 @@ from leyline_sdk.session import ops
 from leyline_sdk.session.blocks import Blocks, place_blocks, with_repair
 from leyline_sdk.session.gateway import Gateway
 from leyline_sdk.session.history import History
-from leyline_sdk.session.planner import Plan, Unplanned, turn_plan, unedited_render
+from leyline_sdk.session.planner import CLIENT_EDITS, ClientEdits, Plan, Unplanned, turn_plan, unedited_render
 from leyline_sdk.session.port import LeylineRoutes
 from leyline_sdk.session.record import record_turn
 from leyline_sdk.session.renderer import Renderer
@@ -64,7 +64,8 @@ class LeylineSession:
     ``seam_repair=k`` asks the server to recompute the first ``k`` tokens after each ``amortize``
     replacement (and a placed block's first ``k``); ``blocks`` is the client's block registry;
     ``send`` is how :meth:`create` sends a turn (the client's ``chat.completions`` for this
-    session). Normally made by ``AsyncLeyline.session()``.
+    session); ``client_edits`` is the mode of the agent's own edits of its history
+    (:mod:`leyline_sdk.session.planner`). Normally made by ``AsyncLeyline.session()``.
 
     State: ``conversation`` (the agent's histories), ``server`` (what the server holds),
     ``stats`` (one :class:`TurnStats` per request), ``last_directives`` (what the last request
@@ -82,13 +83,17 @@ class LeylineSession:
         seam_repair: int = 4,
         blocks: Blocks | None = None,
         send: Callable[..., Awaitable[Any]] | None = None,
+        client_edits: ClientEdits = "auto",
     ) -> None:
         if isinstance(seam_repair, bool) or not isinstance(seam_repair, int) or seam_repair < 0:
             raise ValueError(f"seam_repair must be an int >= 0, got {seam_repair!r}")
         self.policies = list(policies)
         self.strict = strict
         self.tools = check_tools(tools)
+        if client_edits not in CLIENT_EDITS:
+            raise ValueError(f"client_edits must be one of {', '.join(CLIENT_EDITS)}, got {client_edits!r}")
         self.seam_repair = seam_repair
+        self.client_edits: ClientEdits = client_edits
         self.conversation = History()
         self.server = ServerView()
         self.stats: list[TurnStats] = []
@@ -97,6 +102,7 @@ class LeylineSession:
         self.renderer = renderer
         self.blocks = blocks if blocks is not None else Blocks(routes)
         self.routing_key = f"leyline-{uuid.uuid4().hex}"  # its routing header's value behind a gateway
+        self.cache_key: str | None = None  # the prompt_cache_key its calls send, if any (how it is found)
         self._send = send
         self._on_use = on_use
 
@@ -152,7 +158,7 @@ class LeylineSession:
         without Leyline). Hand the response to :meth:`record`.
         """
         started = time.perf_counter()
-        self.conversation.full = messages
+        self.conversation.adopt(messages)
         self.touch()
         await ops.settle(self)
         self.last_directives = []

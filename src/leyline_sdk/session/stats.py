@@ -33,6 +33,7 @@ class TurnStats(BaseModel):
     sources: list[str] = []  # who made each explained directive: "template", "policy" or "client"
     template_directives: int = 0  # directives for edits the chat template made (e.g. dropped reasoning)
     policy_directives: int = 0  # directives for the policies' edits
+    client_directives: int = 0  # directives for the agent's own edits of its history
 
     @classmethod
     def of_turn(cls, number: int, turn: PreparedTurn, usage: Any) -> TurnStats:
@@ -58,6 +59,7 @@ class TurnStats(BaseModel):
         self.sources = [str(getattr(s, "value", s)) for s in sources]
         self.template_directives = self.sources.count("template")
         self.policy_directives = self.sources.count("policy")
+        self.client_directives = self.sources.count("client")
 
     def count(self, counts: SpliceCounts) -> None:
         """Copy the server's token counts."""

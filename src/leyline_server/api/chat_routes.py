@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from leyline_server.api.deps import Owner, Pipeline
+from leyline_server.api.deps import ClientEdits, Owner, Pipeline
 from leyline_server.api.errors import APIError, error_body
 from leyline_server.api.pipeline import OpenTurn
 from leyline_server.api.responses import Completion, sse
@@ -69,9 +69,11 @@ async def _events(turn: OpenTurn, completion: Completion, include_usage: bool) -
 
 
 @router.post("/v1/chat/completions", response_model=None)
-async def chat_completions(body: ChatCompletionRequest, key: Owner, pipeline: Pipeline) -> Any:
+async def chat_completions(
+    body: ChatCompletionRequest, key: Owner, pipeline: Pipeline, client_edits: ClientEdits = None
+) -> Any:
     """OpenAI's chat completion; ``leyline`` in the body asks for a session and directives."""
-    turn = await pipeline.open(body, key)
+    turn = await pipeline.open(body, key, client_edits)
     completion = Completion(body.model, id=body.rid) if body.rid else Completion(body.model)
     headers = turn.headers()
     if not body.stream:

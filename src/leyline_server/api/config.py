@@ -26,6 +26,7 @@ class ServerConfig:
     api_keys: frozenset[str] = frozenset()
     isolate_keys: bool | None = None  # None: on when API keys are configured
     auto_splice: bool = False
+    splice_client_edits: bool = False  # plain clients' own edits spliced (amortize) for every request
     max_body_bytes: int = 8 * 2**20
     max_directives: int = 256
     max_replacement_tokens: int = 16_384

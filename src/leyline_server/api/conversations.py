@@ -1,32 +1,55 @@
-"""Auto-splice (``--auto-splice``): a plain client's next turn continues its own conversation's session.
+"""Plain clients' conversations: which one a request continues, after its client edited it.
 
-A client that sends no ``leyline`` field still has its template's edits spliced when the server
-can tell which conversation a request continues. A request continues session ``S`` only when
+A client that sends no ``leyline`` field gets a session per conversation when the server runs
+with ``--auto-splice`` or the request opts in to client-edit splicing (``X-Leyline-Client-Edits``,
+:data:`CLIENT_EDITS_HEADER`). Every wire protocol (chat completions, Responses, Messages) comes
+here through the one pipeline.
 
-* ``S`` belongs to the same key and no request is on it,
-* ``S``'s last request (its *transcript*: tools and messages) is an exact prefix of this
-  request, with at least one message after it: ``S``'s own previous turn, extended.
+**Identity** (:mod:`leyline_sdk.explain.identity`). A request continues session ``S`` of the
+same key, idle (no request on it), found by the first of these that finds any candidate:
 
-Everything ``S``'s KV was computed from is then part of this request too. What differs between
-``S``'s base and the new prompt is the template's doing (earlier reasoning dropped, dates) and
-the reply as the client sent it back; it is explained by
-:func:`leyline_sdk.explain.turns.explain_client_turn` and spliced. Anything else — another conversation
-sharing a prefix, the client's own edit of an earlier message, a session another request moved
-on meanwhile — cannot be told apart from another client's conversation, so it gets a new
-session: exact KV, the radix cache reusing only the key's exact prefixes.
+1. **its reply** — the request carries ``S``'s *latest* reply, the assistant message the server
+   generated for ``S``'s last turn, found by its mark (tool-call ids, else a digest of its text):
+   what survives the client's edits (cleared tool results, trimmed messages, a summary) and is
+   the server's own;
+2. **its prefix** — ``S``'s last request (tools and messages) is an exact prefix of this one, with
+   at least one message after it (a client that sends back a reply other than the server's: a
+   replayed trace, a re-serialised one);
+3. **its name** — the request's ``prompt_cache_key`` (Codex sends its session id; the Messages
+   adapter maps Claude Code's session there) is ``S``'s, and the two open alike (the messages
+   before the first assistant message).
 
-:class:`AutoSplicer` is the one owner of this state: ``Session.auto`` holds an
-:class:`AutoState` that only this module reads or writes.
+Each finds ``S`` only when ``S`` is its *only* candidate (among several, those with the request's
+``prompt_cache_key`` count): two conversations that open alike and were answered alike both
+match, and the request then continues neither. Equally likely means a
+new session, never a wrong one. A hint never joins two conversations: a session whose
+``prompt_cache_key``, ``user`` or ``safety_identifier`` differs from the request's is never a
+candidate. A request that carries only an older reply of ``S`` (a fork, a retry) matches nothing
+and gets a new session: exact KV, the key's prefix cache reusing what it can.
+
+When the reply was not proven (rules 2 and 3), nothing of ``S``'s base from its generated reply
+on is kept: the request's own reply and everything after it are prefilled (exact).
+
+**Edits.** Between ``S``'s base and the new prompt lie the template's edits (earlier reasoning
+dropped, dates) and the client's own (:func:`leyline_sdk.explain.turns.explain_client_turn`): the
+template's are spliced as auto-splice always did; the client's are spliced in ``amortize`` mode
+only under the opt-in, and otherwise recomputed from the first one (``forget``): the prefix
+before the edit is reused, the rest prefilled — exactly what a fresh prefill gives.
+
+:class:`Conversations` is the one owner of this state: ``Session.auto`` holds a
+:class:`ConversationState` only this module reads or writes.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from leyline_sdk.core.directives import Directive, Mode, truncate_result
 from leyline_sdk.core.errors import RenderError
+from leyline_sdk.explain.identity import opening, reply_mark
 from leyline_sdk.explain.templates import Transcript
 from leyline_sdk.explain.turns import decoder_of, explain_client_turn
 from leyline_sdk.render.incremental import Snapshot
@@ -36,85 +59,179 @@ from leyline_server.api.render import BoundedChat, RenderService, message_digest
 from leyline_server.engines.values import SpliceRequest
 from leyline_server.sessions import Session, SessionStore
 
-__all__ = ["AutoSplicer", "AutoState", "AutoTurn", "Prompt"]
+__all__ = [
+    "CLIENT_EDITS_HEADER",
+    "ConversationState",
+    "Conversations",
+    "Prompt",
+    "RecognisedTurn",
+    "client_edits_mode",
+    "hints_of",
+]
+
+CLIENT_EDITS_HEADER = "x-leyline-client-edits"  # "amortize": splice this client's own edits; "exact": recompute
+
+
+def client_edits_mode(header: str | None, server_default: bool) -> Mode | None:
+    """The mode of a plain client's own edits: the header's, else the server's (``--splice-client-edits``).
+
+    ``None`` when the header is absent and the server does not splice client edits; 400 for an
+    unknown value.
+    """
+    if header is None:
+        return Mode.AMORTIZE if server_default else None
+    value = header.strip().lower()
+    if value in ("amortize", "splice", "on", "1", "true"):
+        return Mode.AMORTIZE
+    if value in ("exact", "forget", "off", "0", "false"):
+        return Mode.FORGET
+    raise APIError(400, "invalid_header", f"{CLIENT_EDITS_HEADER}: {header!r} is not 'amortize' or 'exact'")
+
+
+HINTS = ("prompt_cache_key", "user", "safety_identifier")
+CONVERSATION_KEY = "prompt_cache_key"
+
+
+def hints_of(req: Any) -> dict[str, str]:
+    """A request's conversation hints: its ``prompt_cache_key``, ``user`` and ``safety_identifier``."""
+    out = {}
+    for name in HINTS:
+        value = getattr(req, name, None)
+        if isinstance(value, str) and value:
+            out[name] = value
+    return out
+
+
+def _conflict(mine: Mapping[str, str], theirs: Mapping[str, str]) -> bool:
+    """Whether two hint sets name different conversations or users."""
+    return any(name in theirs and theirs[name] != value for name, value in mine.items())
 
 
 @dataclass(frozen=True)
-class AutoState:
-    """A session's conversation as auto-splice knows it: the request that produced its base."""
+class ConversationState:
+    """A session's conversation as the server knows it: the request that produced its base, that
+    request's rendering (where the next turn's render starts), its hints, and the mark of the
+    reply the server generated for it (``None`` until the turn ended with one)."""
 
     transcript: Transcript
-    snapshot: Snapshot | None  # that request's rendering, where the next turn's render starts
-    digest: str  # message_digests(...)[-1] of the transcript
+    snapshot: Snapshot | None
+    hints: Mapping[str, str] = field(default_factory=dict)
+    digest: str = ""  # message_digests(...)[-1] of the transcript
+    reply: str | None = None
 
 
 @dataclass
-class AutoTurn:
-    """A plain request under auto-splice: the session it continues (``None``: a new one), its render."""
+class RecognisedTurn:
+    """A plain request with a conversation: the session it continues (``None``: a new one), its render,
+    and the mode of the client's own edits."""
 
     tokens: list[int]
     transcript: Transcript
     snapshot: Snapshot | None
+    hints: Mapping[str, str]
     digest: str
+    client_mode: Mode = Mode.FORGET
     session: Session | None = None
-    state: AutoState | None = None  # the session's state when it was matched
-    sources: list[str] = field(default_factory=list)  # who made each directive ("template")
+    state: ConversationState | None = None  # the session's state when it was matched
+    reply_proven: bool = False  # matched by the session's own reply (rule 1)
+    sources: list[str] = field(default_factory=list)  # who made each directive ("template", "client")
 
 
 class Prompt(NamedTuple):
-    """A chat request's prompt tokens and, for a plain client under auto-splice, its conversation."""
+    """A chat request's prompt tokens and, for a plain client with a conversation, that conversation."""
 
     tokens: list[int]
-    auto: AutoTurn | None = None
+    auto: RecognisedTurn | None = None
 
 
-class AutoSplicer:
-    """Matches plain requests to their own conversation's session and explains the template's edits."""
+class Conversations:
+    """Recognises plain requests' conversations and explains their edits; see the module docstring."""
 
     def __init__(self, sessions: SessionStore, render: RenderService) -> None:
         self.sessions, self.render = sessions, render
-        self._index: dict[tuple[str | None, str], str] = {}  # (key, transcript digest) -> session id
+        self._by_reply: dict[tuple[str | None, str], list[str]] = {}  # (key, reply mark) -> session ids
+        self._by_prefix: dict[tuple[str | None, str], list[str]] = {}  # (key, transcript digest) -> ids
         sessions.on_drop = self.forget
 
-    async def prepare(self, owner: str | None, messages: Sequence[Any], tools: list[Any] | None) -> AutoTurn | None:
+    async def prepare(
+        self,
+        owner: str | None,
+        messages: Sequence[Any],
+        tools: list[Any] | None,
+        hints: Mapping[str, str] | None = None,
+        client_mode: Mode = Mode.FORGET,
+    ) -> RecognisedTurn | None:
         """Render the request (incrementally from its conversation) and find its session.
 
         ``None`` when per-message spans cannot be had in time: the request is then served
         plainly, without a session.
         """
-        msgs = normalize_messages(messages)
+        msgs, hints = normalize_messages(messages), dict(hints or {})
         digests = message_digests(msgs, tools)
-        session, state = self._match(owner, digests)
+        session, state, proven = self._match(owner, msgs, hints, digests)
         try:
             rendered, snapshot = await self.render.spans(owner, msgs, tools, True, state.snapshot if state else None)
         except APIError as exc:
             if exc.code != "render_timeout":
                 raise
             return None
-        turn = AutoTurn(list(rendered.tokens), Transcript(msgs, tools, rendered), snapshot, digests[-1])
-        turn.session, turn.state = session, state
+        transcript = Transcript(msgs, tools, rendered)
+        turn = RecognisedTurn(list(rendered.tokens), transcript, snapshot, hints, digests[-1], client_mode)
+        turn.session, turn.state, turn.reply_proven = session, state, proven
         return turn
 
-    def _match(self, owner: str | None, digests: list[str]) -> tuple[Session | None, AutoState | None]:
-        """The idle session whose transcript is the longest proper prefix of the request."""
+    def _match(
+        self, owner: str | None, msgs: list[dict[str, Any]], hints: Mapping[str, str], digests: list[str]
+    ) -> tuple[Session | None, ConversationState | None, bool]:
+        """The one idle session the request continues (see the module docstring), else none; and
+        whether its reply was proven (rule 1)."""
+        for mark in reversed([m for m in (reply_mark(msg) for msg in msgs) if m is not None]):
+            found = self._live(owner, self._by_reply.get((owner, mark), ()), hints, mark)
+            if found:
+                exact = [(s, st) for s, st in found if _extends(msgs, st)]
+                return (*_only(_named(exact or found, hints)), True)
         for n in range(len(digests) - 2, 0, -1):
-            sid = self._index.get((owner, digests[n]))
-            if sid is None:
-                continue
-            session = self.sessions.get(sid, owner)
-            state = session.auto if session is not None else None
-            if session is None or not isinstance(state, AutoState) or state.digest != digests[n]:
-                del self._index[(owner, digests[n])]
-                continue
-            return (session, state) if session.users == 0 else (None, None)
-        return None, None
+            found = self._live(owner, self._by_prefix.get((owner, digests[n]), ()), hints)
+            found = [(s, st) for s, st in found if st.digest == digests[n]]
+            if found:
+                return (*_only(_named(found, hints)), False)
+        name = hints.get(CONVERSATION_KEY)
+        if name is None:
+            return None, None, False
+        first = opening(msgs)
+        named = [
+            (s, s.auto)
+            for s in self.sessions.owned_by(owner)
+            if isinstance(s.auto, ConversationState)
+            and s.auto.hints.get(CONVERSATION_KEY) == name
+            and not _conflict(hints, s.auto.hints)
+            and opening(s.auto.transcript.messages) == first
+        ]
+        return (*_only(named), False)
 
-    def continues(self, session: Session, turn: AutoTurn) -> bool:
+    def _live(
+        self, owner: str | None, ids: Sequence[str], hints: Mapping[str, str], reply: str | None = None
+    ) -> list[tuple[Session, ConversationState]]:
+        """The sessions ``ids`` that still exist with a conversation (whose latest reply is ``reply``,
+        when given) and no conflicting hint."""
+        found = []
+        for sid in list(ids):
+            session = self.sessions.get(sid, owner)
+            if session is None:
+                continue
+            state = session.auto
+            if not isinstance(state, ConversationState) or _conflict(hints, state.hints):
+                continue
+            if reply is None or state.reply == reply:
+                found.append((session, state))
+        return found
+
+    def continues(self, session: Session, turn: RecognisedTurn) -> bool:
         """Whether ``session`` (held by the caller) is still as ``turn`` matched it."""
         return turn.state is not None and session is turn.session and session.auto is turn.state
 
-    async def splice_request(self, session: Session, turn: AutoTurn) -> SpliceRequest | None:
-        """The template's edits between ``session``'s base and the prompt (``None``: it extends the base)."""
+    async def splice_request(self, session: Session, turn: RecognisedTurn) -> SpliceRequest | None:
+        """The edits between ``session``'s base and the prompt (``None``: it extends the base)."""
         base, prompt, state = session.tokens, turn.tokens, turn.state
         turn.sources = []
         if state is None or not base or prompt[: len(base)] == base:
@@ -122,27 +239,98 @@ class AutoSplicer:
 
         def job(chat: BoundedChat) -> Any:
             render = functools.partial(_render_tokens, chat)
-            return explain_client_turn(base, state.transcript, turn.transcript, render, decoder_of(chat))
+            decode = decoder_of(chat)
+            return explain_client_turn(base, state.transcript, turn.transcript, render, decode, turn.client_mode)
 
         try:
             explained = await self.render.run(session.owner, job)
         except APIError:  # out of time: no splice; the prefill reuses the exact common prefix
             return None
-        turn.sources = [s.value for s in explained.sources]
-        return SpliceRequest(explained.directives, prompt=prompt)
+        directives, sources = explained.directives, [s.value for s in explained.sources]
+        if not turn.reply_proven:  # keep nothing of the base from its generated reply on
+            directives = truncate_result(
+                len(base), directives, _before(directives, len(state.transcript.render.tokens))
+            )
+            sources = sources[: len(directives) - 1] + ["client"] if len(directives) > len(sources) else sources
+            sources = sources[: len(directives)]
+        turn.sources = sources
+        return SpliceRequest(directives, prompt=prompt)
 
-    def commit(self, session: Session, turn: AutoTurn) -> None:
-        """The turn started on ``session``: this request is its transcript now."""
+    def commit(self, session: Session, turn: RecognisedTurn) -> None:
+        """The turn started on ``session``: this request is its transcript now (its reply comes later)."""
         self.forget(session)
-        session.auto = AutoState(turn.transcript, turn.snapshot, turn.digest)
-        self._index[(session.owner, turn.digest)] = session.id
+        session.auto = ConversationState(turn.transcript, turn.snapshot, turn.hints, turn.digest)
+        _add(self._by_prefix, (session.owner, turn.digest), session.id)
+
+    def replied(self, session: Session, message: Mapping[str, Any]) -> None:
+        """The turn on ``session`` ended with ``message``: the next request is recognised by it."""
+        state, mark = session.auto, reply_mark(message)
+        if not isinstance(state, ConversationState) or mark is None:
+            return
+        session.auto = ConversationState(state.transcript, state.snapshot, state.hints, state.digest, mark)
+        _add(self._by_reply, (session.owner, mark), session.id)
 
     def forget(self, session: Session) -> None:
         """``session`` is no longer a plain client's conversation (spliced by a client, or dropped)."""
         state = session.auto
-        if isinstance(state, AutoState) and self._index.get((session.owner, state.digest)) == session.id:
-            del self._index[(session.owner, state.digest)]
+        if isinstance(state, ConversationState):
+            _remove(self._by_prefix, (session.owner, state.digest), session.id)
+            if state.reply is not None:
+                _remove(self._by_reply, (session.owner, state.reply), session.id)
         session.auto = None
+
+
+def _add(index: dict[tuple[str | None, str], list[str]], key: tuple[str | None, str], sid: str) -> None:
+    ids = index.setdefault(key, [])
+    if sid not in ids:
+        ids.append(sid)
+
+
+def _remove(index: dict[tuple[str | None, str], list[str]], key: tuple[str | None, str], sid: str) -> None:
+    ids = index.get(key)
+    if ids is not None and sid in ids:
+        ids.remove(sid)
+        if not ids:
+            del index[key]
+
+
+def _before(directives: Sequence[Directive], at: int) -> int:
+    """How many result tokens ``apply(base, directives)`` builds before base token ``at`` is copied
+    (a directive that spans ``at`` counts with its replacement)."""
+    pos = cursor = 0
+    for d in directives:
+        if d.start >= at:
+            break
+        pos += d.start - cursor + len(d.replacement)
+        cursor = d.end
+        if cursor >= at:
+            return pos
+    return pos + max(at - cursor, 0)
+
+
+def _named(
+    found: list[tuple[Session, ConversationState]], hints: Mapping[str, str]
+) -> list[tuple[Session, ConversationState]]:
+    """Among several candidates, those named like the request (its ``prompt_cache_key``), if any."""
+    name = hints.get(CONVERSATION_KEY)
+    if len(found) < 2 or name is None:
+        return found
+    return [(s, st) for s, st in found if st.hints.get(CONVERSATION_KEY) == name] or found
+
+
+def _only(
+    found: Sequence[tuple[Session, ConversationState]],
+) -> tuple[Session | None, ConversationState | None]:
+    """The one candidate, if idle; none when several are equally likely or it is in use."""
+    if len(found) != 1 or found[0][0].users:
+        return None, None  # equally likely, or in use by a request of its own: a new session
+    return found[0]
+
+
+def _extends(msgs: Sequence[Mapping[str, Any]], state: ConversationState) -> bool:
+    """Whether ``msgs`` is the state's transcript unchanged, then its reply, then more."""
+    k = len(state.transcript.messages)
+    return len(msgs) > k + 1 and list(msgs[:k]) == state.transcript.messages and reply_mark(msgs[k]) == state.reply
 
 
 def _render_tokens(chat: BoundedChat, messages: list[dict[str, Any]], tools: list[Any] | None) -> list[int] | None:

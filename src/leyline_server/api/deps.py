@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Header, Request
 
 from leyline_server.api.errors import APIError
 from leyline_server.api.guard import owner_of
 from leyline_server.api.pipeline import ChatPipeline
 from leyline_server.api.service import LeylineService
 
-__all__ = ["get_service", "get_pipeline", "owner", "Owner", "Service", "Pipeline"]
+__all__ = ["get_service", "get_pipeline", "owner", "Owner", "Service", "Pipeline", "ClientEdits"]
 
 
 def get_service(request: Request) -> LeylineService:
@@ -38,3 +38,5 @@ async def owner(request: Request) -> str | None:
 Service = Annotated[LeylineService, Depends(get_service)]  # the app's service, as a parameter type
 Pipeline = Annotated[ChatPipeline, Depends(get_pipeline)]  # the app's chat pipeline, as a parameter type
 Owner = Annotated[str | None, Depends(owner)]  # the caller's API key, as a parameter type
+# the X-Leyline-Client-Edits header (api.conversations): how a plain client's own edits are served
+ClientEdits = Annotated[str | None, Header(alias="x-leyline-client-edits", include_in_schema=False)]

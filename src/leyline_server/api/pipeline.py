@@ -8,8 +8,8 @@ next starts:
 1. **check** — model, fields, content, tools (cheap, before anything is admitted);
 2. **admit** — a slot of the key's share (:mod:`.admission`);
 3. **constrain** — the output constraint, compiled (a bad one is a 400 naming its field);
-4. **render** — the prompt, off the event loop, and the conversation it continues (:mod:`.render`,
-   :mod:`.autosplice`);
+4. **render** — the prompt, off the event loop, and for a plain client the conversation it
+   continues, even after the client edited it (:mod:`.render`, :mod:`.conversations`);
 5. **choose the session** — the extension's, the recognised conversation's, or none (a plain
    request: the prefix cache alone) (:mod:`.session_choice`);
 6. **reserve** — the turn's KV on the admission ticket (:mod:`.room`);
@@ -37,6 +37,7 @@ from leyline_sdk.core.fallbacks import FallbackCode
 from leyline_sdk.core.wire import LeylineResult
 from leyline_server.api.admission import Ticket
 from leyline_server.api.constraints import plan_constraint
+from leyline_server.api.conversations import client_edits_mode, hints_of
 from leyline_server.api.decoder import Outcome, TextDecoder
 from leyline_server.api.errors import APIError
 from leyline_server.api.params import check_request, sampling_params, stop_strings
@@ -93,6 +94,9 @@ class OpenTurn:
             raise APIError(503, FallbackCode.CAPACITY.value, f"the KV pool ran out while decoding: {exc}") from exc
         self.outcome = decoder.outcome(reason)
         self.rest = decoder.rest(self.outcome)
+        chat = self.chat
+        if chat.auto is not None and chat.session is not None:  # the reply recognises the next request
+            service.conversations.replied(chat.session, self.outcome.message)
 
     async def run(self) -> Outcome:
         """Decode to the end without showing anything (a whole answer); the outcome."""
@@ -143,16 +147,20 @@ class ChatPipeline:
     def __init__(self, service: LeylineService) -> None:
         self.service = service
 
-    async def open(self, req: ChatCompletionRequest, owner: str | None) -> OpenTurn:
-        """Steps 1–7 for ``req`` on behalf of ``owner``; the turn, ready to decode (close it)."""
+    async def open(self, req: ChatCompletionRequest, owner: str | None, client_edits: str | None = None) -> OpenTurn:
+        """Steps 1–7 for ``req`` on behalf of ``owner``; the turn, ready to decode (close it).
+
+        ``client_edits``: the request's ``X-Leyline-Client-Edits`` header (:mod:`.conversations`).
+        """
         service = self.service
         tools = self._check(req)  # 1. check
         shape = prompt_shape(service.chat, req)
+        mode = client_edits_mode(client_edits, service.config.splice_client_edits)
         stack = AsyncExitStack()
         try:
             ticket = await stack.enter_async_context(service.admission.slot(owner))  # 2. admit
             constraint = await self._constrain(req, tools)  # 3. constrain
-            prompt = await service.prompt(owner, req.messages, req.tools, req.leyline, shape)  # 4. render
+            prompt = await service.prompt(owner, req.messages, req.tools, req.leyline, shape, hints_of(req), mode)  # 4.
             params = self._sampling(req, prompt, constraint)
             decoder = self._decoder(req, params, tools)
             chat = await self._start(stack, req, owner, prompt, ticket, params.max_tokens)  # 5.–7.

@@ -23,12 +23,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from leyline_sdk.core.directives import Directive, digest
+from leyline_sdk.core.directives import Directive, Mode, digest
 from leyline_sdk.core.fallbacks import FallbackCode
 from leyline_sdk.core.wire import BaseRef, FallbackInfo, LeylineRequest, LeylineResult
 from leyline_server.api.admission import Admission, Ticket
-from leyline_server.api.autosplice import AutoSplicer, AutoTurn, Prompt
 from leyline_server.api.config import ServerConfig
+from leyline_server.api.conversations import Conversations, Prompt, RecognisedTurn
 from leyline_server.api.errors import APIError
 from leyline_server.api.limits import check_directives, check_tokens, overflow, result_length
 from leyline_server.api.metrics import Metrics
@@ -54,7 +54,7 @@ class ChatTurn:
     turn: Turn
     session: Session | None
     fallback: FallbackInfo | None = None
-    auto: AutoTurn | None = None
+    auto: RecognisedTurn | None = None
     auto_splice: bool = False
 
 
@@ -76,7 +76,7 @@ class LeylineService:
             max_sessions=config.max_sessions,
             max_per_key=config.max_sessions_per_key,
         )
-        self.auto = AutoSplicer(self.sessions, self.render)
+        self.conversations = Conversations(self.sessions, self.render)
         self.admission = Admission(
             capacity,
             config.max_concurrent_per_key,
@@ -124,16 +124,22 @@ class LeylineService:
         tools: list[Any] | None,
         ext: LeylineRequest | None,
         shape: PromptShape | None = None,
+        hints: Mapping[str, str] | None = None,
+        client_mode: Mode | None = None,
     ) -> Prompt:
-        """The request's prompt tokens (rendered off the event loop, bounded; see :mod:`.render`).
+        """The request's prompt tokens (rendered off the event loop, bounded; see :mod:`.render`),
+        and the conversation it continues for a plain client under ``--auto-splice`` or the
+        client-edits opt-in (``client_mode``: the mode of the client's own edits; see
+        :mod:`.conversations`).
 
         A request that sets template variables or continues its final message (``shape``) is
-        served without auto-splice: its rendering is not the conversation's plain one.
+        served without a conversation: its rendering is not the conversation's plain one.
         """
-        if ext is None and self.config.auto_splice and shape is None:
-            auto = await self.auto.prepare(owner, messages, tools)
-            if auto is not None:
-                return Prompt(auto.tokens, auto)
+        if ext is None and shape is None and (self.config.auto_splice or client_mode is not None):
+            mode = client_mode if client_mode is not None else Mode.FORGET
+            turn = await self.conversations.prepare(owner, messages, tools, hints, mode)
+            if turn is not None:
+                return Prompt(turn.tokens, turn)
         return Prompt(await self.render.tokens(owner, messages, tools, True, shape))
 
     async def start_plain(self, prompt: list[int], owner: str | None) -> ChatTurn:
@@ -177,7 +183,7 @@ class LeylineService:
         chat.fallback = fallback or base_fallback or chat.fallback
         if auto is not None:
             chat.auto, chat.auto_splice = auto, request is not None
-            self.auto.commit(session, auto)
+            self.conversations.commit(session, auto)
         return chat
 
     async def _splice_request(
@@ -191,8 +197,9 @@ class LeylineService:
         """The splice the turn asks the engine for, and a base fallback to report."""
         if ext is None:
             assert prompt.auto is not None
-            return (await self.auto.splice_request(session, prompt.auto) if session.handle is not None else None), None
-        self.auto.forget(session)  # a client's own splices: no longer a plain client's conversation
+            recognised = prompt.auto
+            return (await self.conversations.splice_request(session, recognised) if session.handle else None), None
+        self.conversations.forget(session)  # a client's own splices: no longer a plain client's conversation
         if session.handle is not None:
             return splice_request(named, ext, session, prompt.tokens)
         if ext.directives and fallback is None:
@@ -261,6 +268,7 @@ class LeylineService:
             splice_ms=report.splice_ms if report else 0.0,
             sources=sources,
             template_directives=sources.count("template"),
+            client_directives=sources.count("client"),
         )
 
     # -- sessions and blocks ------------------------------------------------------------------------
@@ -310,7 +318,7 @@ class LeylineService:
                 raise APIError(
                     404, FallbackCode.SESSION_NOT_FOUND.value, f"session {session_id!r} holds no cache", "session_id"
                 )
-            self.auto.forget(session)
+            self.conversations.forget(session)
             with self.blocks.using((d.block for d in directives), owner) as blocks:
                 report = await self._splice_held(session, directives, base, strict, ticket, blocks)
         self._record(report)

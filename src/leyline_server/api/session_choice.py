@@ -5,7 +5,7 @@ Three kinds of turn:
 * **extension** — the request carries ``leyline``: its ``session_id`` (an unknown one is served as a
   new session and reported as ``base_mismatch``; 404 when strict) and its directives;
 * **recognised** — a plain request the server recognised as the continuation of one of the key's
-  conversations (:mod:`.autosplice`): that conversation's session, the edits explained there;
+  conversations (:mod:`.conversations`): that conversation's session, the edits explained there;
 * **plain** — neither: no session; the prefix cache reuses what it can (exact KV only).
 """
 
@@ -19,8 +19,8 @@ from typing import Protocol
 from leyline_sdk.core.directives import digest
 from leyline_sdk.core.fallbacks import FallbackCode
 from leyline_sdk.core.wire import FallbackInfo, LeylineRequest
-from leyline_server.api.autosplice import AutoSplicer, Prompt
 from leyline_server.api.config import ServerConfig
+from leyline_server.api.conversations import Conversations, Prompt
 from leyline_server.api.errors import APIError
 from leyline_server.api.limits import check_directives
 from leyline_server.blocks import BlockStore
@@ -33,7 +33,7 @@ class Stores(Protocol):
 
     sessions: SessionStore
     blocks: BlockStore
-    auto: AutoSplicer
+    conversations: Conversations
     config: ServerConfig
 
     def salt(self, owner: str | None) -> str | None:
@@ -98,7 +98,7 @@ async def held_session(
     stack.push_async_callback(held.aclose)
     named = held.enter_context(service.blocks.using((d.block for d in ext.directives) if ext else (), owner))
     await held.enter_async_context(sessions.use(session))
-    if auto is not None and auto.session is not None and not service.auto.continues(session, auto):
+    if auto is not None and auto.session is not None and not service.conversations.continues(session, auto):
         await held.aclose()  # another request moved that conversation on: a new session
         auto.session, session = None, sessions.open(owner, salt)
         await held.enter_async_context(sessions.use(session))
