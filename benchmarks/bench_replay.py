@@ -15,6 +15,9 @@ installed on the model's tokenizer). Arms:
 * **cache off** — the server recomputes every prompt (``prefix_cache=False``);
 * **radix** — policies applied client-side, a plain OpenAI client: the radix prefix cache reuses
   the prompt up to the first evicted output (the re-prefill baseline);
+* **client edits** — the same plain client, the policy's edits now *its own*, with the opt-in
+  header ``X-Leyline-Client-Edits: amortize`` and a ``prompt_cache_key`` per session (as Codex
+  sends): the server recognises each conversation after the edit and splices it;
 * **leyline** — ``AsyncLeyline`` with the same policy: evictions are spliced in place.
 
 ``--engine sglang`` runs the radix and leyline arms against ``leyline-server --engine sglang`` on
@@ -53,7 +56,8 @@ from leyline_sdk import AsyncLeyline  # noqa: E402
 from leyline_sdk.explain.diff import diff_token_sequences  # noqa: E402
 from leyline_server.local import local_service, serve_in_thread  # noqa: E402
 
-ARMS = ("cache off", "radix", "leyline")
+ARMS = ("cache off", "radix", "client edits", "leyline")
+CLIENT_EDITS = {"X-Leyline-Client-Edits": "amortize"}
 
 
 @dataclass
@@ -70,12 +74,12 @@ class Turn:
 
 
 async def _plain_turn(
-    client: openai.AsyncOpenAI, model: str, messages: list[dict], tools: list[dict]
+    client: openai.AsyncOpenAI, model: str, messages: list[dict], tools: list[dict], **extra: Any
 ) -> tuple[int, int, int, float, float]:
     started = time.perf_counter()
     stream = await client.chat.completions.create(
         model=model, messages=messages, tools=tools, max_tokens=8, temperature=0, stream=True,
-        stream_options={"include_usage": True},
+        stream_options={"include_usage": True}, **extra,
     )  # fmt: skip
     ttft, usage, ext = None, None, {}
     async for chunk in stream:
@@ -94,6 +98,7 @@ class Trace:
 
     requests: list[list[dict]]
     tools: list[dict]
+    name: str = ""
 
 
 def tool_trace(seed: int, turns: int) -> Trace:
@@ -107,22 +112,26 @@ def tool_trace(seed: int, turns: int) -> Trace:
     for step in [*session.turns, None]:
         requests.append(list(messages))
         messages += step or []
-    return Trace(requests, tool_traces.TOOLS)
+    return Trace(requests, tool_traces.TOOLS, f"tools-{seed}")
 
 
 def reasoning_trace(seed: int, turns: int) -> Trace:
     """A reasoning agent's session (see ``traces``)."""
     steps = traces.reasoning_agent_trace(turns=turns, seed=seed, output_lines=20)
-    return Trace([traces.messages_at(steps, t) for t in range(len(steps))], traces.TOOLS)
+    return Trace([traces.messages_at(steps, t) for t in range(len(steps))], traces.TOOLS, f"reasoning-{seed}")
 
 
-async def replay_plain(url: str, model: str, trace: Trace, headers: dict[str, str] | None = None) -> list[Turn]:
-    """One session through a plain OpenAI client, the policy applied client-side (``headers`` on every request)."""
+async def replay_plain(
+    url: str, model: str, trace: Trace, headers: dict[str, str] | None = None, named: bool = False
+) -> list[Turn]:
+    """One session through a plain OpenAI client, the policy applied client-side (``headers`` on
+    every request; ``named``: the trace's name as its ``prompt_cache_key``)."""
     policy, sticky, out = TruncateOlderThanN(2), {}, []
+    extra = {"prompt_cache_key": trace.name} if named else {}
     async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, default_headers=headers) as client:
         for i, messages in enumerate(trace.requests):
             effective, sticky, _ = run_policies(messages, [policy], trace.tools, sticky=sticky)
-            prompt, cached, prefilled, ttft, e2e = await _plain_turn(client, model, effective, trace.tools)
+            prompt, cached, prefilled, ttft, e2e = await _plain_turn(client, model, effective, trace.tools, **extra)
             out.append(Turn(i == 0, prompt, cached, prefilled, ttft, e2e))
     return out
 
@@ -180,8 +189,13 @@ async def replay_all(
 
 async def run_arm(arm: str, url: str, model: str, sessions: list[Trace], concurrency: int) -> list[Turn]:
     """Replay every trace through ``arm``'s client, ``concurrency`` at a time."""
-    replay = replay_leyline if arm == "leyline" else replay_plain
-    return await replay_all(lambda trace: replay(url, model, trace), sessions, concurrency)
+    if arm == "leyline":
+        return await replay_all(lambda trace: replay_leyline(url, model, trace), sessions, concurrency)
+    if arm == "client edits":
+        return await replay_all(
+            lambda trace: replay_plain(url, model, trace, CLIENT_EDITS, named=True), sessions, concurrency
+        )
+    return await replay_all(lambda trace: replay_plain(url, model, trace), sessions, concurrency)
 
 
 def summary(turns: list[Turn]) -> dict[str, float]:
@@ -209,8 +223,9 @@ def plot(rows: list[tuple[int, str, dict[str, float]]], physical: float, path: s
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     levels = sorted({c for c, _, _ in rows})
-    width = 0.8 / len(ARMS)
-    for k, arm in enumerate(ARMS):
+    arms = [a for a in ARMS if any(r[1] == a for r in rows)]
+    width = 0.8 / len(arms)
+    for k, arm in enumerate(arms):
         xs = [i + k * width for i in range(len(levels))]
         left.bar(xs, [s["hit"] * 100 for c, a, s in rows if a == arm], width, label=arm)
         right.bar(xs, [s["ttft50"] for c, a, s in rows if a == arm], width, label=arm)
@@ -284,10 +299,11 @@ def main() -> None:
     parser.add_argument("--trace", choices=("tools", "reasoning"), default="tools")
     parser.add_argument("--png", default="docs/results/replay.png")
     parser.add_argument("--engine", choices=("embedded", "sglang"), default="embedded")
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     args = parser.parse_args()
     if args.engine == "sglang" and args.trace == "reasoning":
         parser.error("--engine sglang replays the tools trace (the reasoning template is set in-process)")
-    arms = ARMS if args.engine == "embedded" else ARMS[1:]
+    arms = [a for a in args.arms if args.engine == "embedded" or a != "cache off"]
     make = tool_trace if args.trace == "tools" else reasoning_trace
     sessions = [make(seed, args.turns) for seed in range(args.sessions)]
     rows, physical = [], None
