@@ -19,7 +19,7 @@ LLAMACPP_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF -DG
 	-DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
 	-DLLAMA_BUILD_SERVER=OFF -DCMAKE_PROJECT_INCLUDE=$(CURDIR)/src/leyline_server/engines/llamacpp/cmake/no_common.cmake
 
-.PHONY: cluster-demo demo test test-fast bench lint clean test-sglang sglang-cpu-server
+.PHONY: agents cluster-demo demo test test-fast bench lint clean test-sglang sglang-cpu-server
 
 $(STAMP): pyproject.toml
 	@echo "==> [1/4] creating the virtual environment $(VENV)"
@@ -56,9 +56,20 @@ demo: $(STAMP)
 cluster-demo: $(STAMP)
 	$(PY) examples/cluster.py
 
+# The real agent CLIs the slow tier drives (tests/agents): pinned, from npm, into .agents/ (~660 MB).
+CODEX_VERSION ?= 0.171.0
+CLAUDE_CODE_VERSION ?= 2.1.197
+AGENTS_STAMP := .agents/.installed-$(CODEX_VERSION)-$(CLAUDE_CODE_VERSION)
+$(AGENTS_STAMP):
+	@echo "==> the agent CLIs from npm: @openai/codex@$(CODEX_VERSION), @anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION)"
+	npm install --prefix .agents --no-fund --no-audit --loglevel=error \
+		@openai/codex@$(CODEX_VERSION) @anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION)
+	touch $(AGENTS_STAMP)
+agents: $(AGENTS_STAMP)
+
 # The fast tier first (fail fast: unit tests, in-process servers), then the slow tier (real
 # servers, real models, real agent clients). Both print their 20 slowest tests (--durations).
-test: $(STAMP)
+test: $(STAMP) $(AGENTS_STAMP)
 	$(VENV)/bin/ruff check src policies tests benchmarks examples
 	$(VENV)/bin/ruff format --check src policies tests benchmarks examples
 	$(VENV)/bin/mypy src policies

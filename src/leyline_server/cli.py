@@ -83,6 +83,19 @@ def _server_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-sessions", type=int, default=4096, help="sessions kept (least recently used dropped)")
     group.add_argument("--max-sessions-per-key", type=int, default=1024, help="sessions kept per API key")
     group.add_argument("--session-ttl", type=float, default=3600.0, help="seconds an idle session is kept")
+    group.add_argument(
+        "--max-responses-per-key", type=int, default=256,
+        help="stored Responses API responses kept per API key (least recently used dropped)",
+    )  # fmt: skip
+    group.add_argument(
+        "--max-response-tokens-per-key", type=int, default=4_000_000,
+        help="tokens (prompt + completion) of the stored responses kept per API key",
+    )  # fmt: skip
+    group.add_argument("--response-ttl", type=float, default=3600.0, help="seconds an idle stored response is kept")
+    group.add_argument(
+        "--default-max-tokens", type=int, default=None,
+        help="completion limit of a request that sets none (default: the room left in the context)",
+    )  # fmt: skip
     group.add_argument("--graceful-timeout", type=float, default=30.0)
     group.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
 
@@ -207,6 +220,10 @@ def server_config(args: argparse.Namespace) -> Any:
         max_sessions=args.max_sessions,
         max_sessions_per_key=args.max_sessions_per_key,
         session_ttl_s=args.session_ttl,
+        responses_per_key=args.max_responses_per_key,
+        responses_tokens_per_key=args.max_response_tokens_per_key,
+        responses_ttl_s=args.response_ttl,
+        default_max_tokens=args.default_max_tokens,
         max_body_bytes=int(args.max_body_mb * 2**20),
         max_messages=args.max_messages,
         render_timeout_s=args.render_timeout,

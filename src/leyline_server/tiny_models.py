@@ -10,6 +10,7 @@ logits are so flat that broken variants look correct.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -104,7 +105,33 @@ def build_model(config: Any, seed: int = 0, dtype: torch.dtype = torch.float32) 
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    odds = getattr(config, "leyline_end_odds", None)
+    if odds:
+        _end_often(model, float(odds))
     return model.eval()
+
+
+def _end_often(model: torch.nn.Module, odds: float) -> None:
+    """Make a sampled reply end after ``1 / odds`` tokens on average, whatever the context.
+
+    A random model almost never samples the end of its turn, and agent clients wait for one (a
+    reply cut by a length limit is an error to Codex). One residual dimension is made a large
+    constant (every token's embedding), so that after the final norm it dominates the hidden state;
+    the output head reads only that dimension for the end token, with the weight that gives it
+    probability ``odds`` against a uniform rest. Greedy decoding then ends at once: this preset is
+    for sampling clients.
+    """
+    from leyline_sdk.render.tiny_tokenizer import load_tiny_tokenizer
+
+    end = load_tiny_tokenizer().convert_tokens_to_ids("<|im_end|>")
+    embed: torch.Tensor = model.get_input_embeddings().weight  # type: ignore[operator]
+    head: torch.Tensor = model.get_output_embeddings().weight  # type: ignore[operator]
+    with torch.no_grad():
+        embed[:, 0] = 100.0
+        head[:, 0] = 0.0
+        hidden = 64**0.5  # the constant dimension after RMSNorm (the rest is small against it)
+        rest = head.shape[0] - 1
+        head[end, 0] = math.log(odds * rest / (1 - odds)) / hidden
 
 
 # The tiny presets every engine understands: name -> (model type, RoPE scaling, config overrides)
@@ -112,6 +139,9 @@ PRESETS: dict[str, tuple[str, dict[str, Any] | None, dict[str, Any]]] = {
     "tiny-mla": ("deepseek_v2", None, {}),
     "tiny-mla-v3": ("deepseek_v3", YARN, {"rope_interleave": True}),
     "tiny-gqa": ("llama", None, {}),
+    # a tiny model with a long context for the real agent clients (Codex ~22k, Claude Code ~46k
+    # tokens of the tiny tokenizer), whose sampled replies end within a few tokens (see _end_often)
+    "tiny-gqa-long": ("llama", None, {"max_position_embeddings": 131072, "rope_theta": 1e6, "leyline_end_odds": 0.5}),
 }
 
 

@@ -98,7 +98,8 @@ def test_the_fast_rotation_equals_the_reference_rotation(name, edit, scattered):
         assert report.applied and report.canary == "passed"
         eng.check_integrity()
         rows.append(pool_rows(eng, pinned.slots))
-    torch.testing.assert_close(rows[1], rows[0], rtol=0, atol=2e-6)
+    # float noise only (a few ULPs per composed rotation; CPUs differ): a wrong angle or row is O(1)
+    torch.testing.assert_close(rows[1], rows[0], rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", PRESET_NAMES)

@@ -43,6 +43,7 @@ __all__ = [
     "SessionSource",
     "prepare_call",
     "prepare_post",
+    "prepare_turn",
     "given",
     "session_extras",
     "with_post_parser",
@@ -117,7 +118,7 @@ async def prepare_call(
         out["tools"] = tools
     elif session is not None and "tools" in out and out["tools"] is None:
         del out["tools"]  # a session's "no tools given", not a null to send
-    session, turn = await _prepare_turn(client, messages, tools, session, _cache_key(kwargs.get("prompt_cache_key")))
+    session, turn = await prepare_turn(client, messages, tools, session, _cache_key(kwargs.get("prompt_cache_key")))
     out["messages"] = []  # the effective messages go in extra_body: see the module docstring
     mine = (extra_body or {}).get("metadata", out.get("metadata"))
     fields, headers = session_extras(session, turn, mine if given(mine) else None)
@@ -138,7 +139,7 @@ async def prepare_post(
         return None
     tools = check_tools(body["tools"]) if given(body.get("tools")) else None
     cache_key = _cache_key(body.get("prompt_cache_key"))
-    session, turn = await _prepare_turn(client, body.get("messages"), tools, None, cache_key)
+    session, turn = await prepare_turn(client, body.get("messages"), tools, None, cache_key)
     fields, headers = session_extras(session, turn, body.get("metadata"))
     new_options, new_body = dict(options), {**body, "messages": turn.effective}
     if "metadata" in fields:
@@ -175,13 +176,15 @@ def _cache_key(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-async def _prepare_turn(
+async def prepare_turn(
     client: SessionSource,
     messages: Any,
     tools: list[dict[str, Any]] | None,
     session: LeylineSession | None,
     cache_key: str | None = None,
 ) -> tuple[LeylineSession, PreparedTurn]:
+    """The session for ``messages`` (``session``, the remembered one they continue, or a new one)
+    and its prepared turn: policies run, directives computed."""
     history = wire_messages(check_messages(messages))  # as openai would send them: JSON all the way down
     state = client._leyline_state
     await state.registry.reap()

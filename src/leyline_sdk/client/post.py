@@ -9,12 +9,14 @@ variable, so concurrent calls never mix) and :func:`route_post` reads it:
 * inside a ``create`` that manages its own ``leyline`` field: openai's ``post``, untouched;
 * outside any ``create``, a ``POST /chat/completions`` with messages: prepared through a session
   here (:func:`~leyline_sdk.client.calls.prepare_post`), with its post-parser;
+* a ``POST /responses`` (openai's ``responses.create`` and ``responses.stream`` post their own
+  bodies): prepared through a session (:func:`~leyline_sdk.client.responses.prepare_responses_post`);
 * anything else: openai's ``post``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, NoReturn
@@ -22,7 +24,8 @@ from typing import Any, NoReturn
 import openai
 
 from leyline_sdk.client.answers import Call
-from leyline_sdk.client.calls import prepare_post, with_post_parser
+from leyline_sdk.client.calls import SessionSource, prepare_post, with_post_parser
+from leyline_sdk.client.responses import RESPONSES_PATH, prepare_responses_post
 from leyline_sdk.client.routes import drive
 
 __all__ = ["CHAT_PATH", "in_call", "route_post", "route_post_sync", "raise_refused"]
@@ -52,14 +55,21 @@ def _hooked(path: str, kwargs: dict[str, Any]) -> bool:
 
 def _direct(path: str, kwargs: dict[str, Any]) -> bool:
     body = kwargs.get("body")
+    if path == RESPONSES_PATH:
+        return isinstance(body, Mapping)
     return path == CHAT_PATH and isinstance(body, Mapping) and "messages" in body
+
+
+def _prepare(client: SessionSource, path: str, kwargs: dict[str, Any]) -> Coroutine[Any, Any, Any]:
+    prepare = prepare_responses_post if path == RESPONSES_PATH else prepare_post
+    return prepare(client, kwargs["body"], kwargs.get("options") or {})
 
 
 async def route_post(client: Any, super_post: Callable[..., Awaitable[Any]], path: str, kwargs: dict[str, Any]) -> Any:
     """The async client's ``post`` (see the module docstring)."""
     if _hooked(path, kwargs) or not _direct(path, kwargs):
         return await super_post(path, **kwargs)
-    prepared = await prepare_post(client, kwargs["body"], kwargs.get("options") or {})
+    prepared = await _prepare(client, path, kwargs)
     if prepared is None:
         return await super_post(path, **kwargs)
     call, kwargs["body"], options = prepared
@@ -74,7 +84,7 @@ def route_post_sync(client: Any, super_post: Callable[..., Any], path: str, kwar
     """The blocking client's ``post`` (see :func:`route_post`)."""
     if _hooked(path, kwargs) or not _direct(path, kwargs):
         return super_post(path, **kwargs)
-    prepared = drive(prepare_post(client, kwargs["body"], kwargs.get("options") or {}))
+    prepared: Any = drive(_prepare(client, path, kwargs))
     if prepared is None:
         return super_post(path, **kwargs)
     call, kwargs["body"], options = prepared

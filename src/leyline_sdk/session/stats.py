@@ -48,9 +48,10 @@ class TurnStats(BaseModel):
             block_fallback=turn.block_fallback,
         )
         stats.attribute(turn.sources)
-        if usage is not None:
-            stats.prompt_tokens = usage.prompt_tokens
-            details = getattr(usage, "prompt_tokens_details", None)
+        if usage is not None:  # Chat Completions' usage, or the Responses API's (input_tokens)
+            prompt = getattr(usage, "prompt_tokens", None)
+            stats.prompt_tokens = prompt if prompt is not None else getattr(usage, "input_tokens", 0)
+            details = getattr(usage, "prompt_tokens_details", None) or getattr(usage, "input_tokens_details", None)
             stats.cached_tokens = getattr(details, "cached_tokens", 0) or 0
         return stats
 

@@ -1,6 +1,6 @@
 """The ASGI app: routers, the guard in front of them (:mod:`.guard`), system routes.
 
-Routes: ``POST /v1/chat/completions`` (:mod:`chat_routes`), ``/v1/leyline/*``
+Routes: ``POST /v1/chat/completions`` (:mod:`chat_routes`), ``/v1/responses`` (:mod:`.responses_api`), ``/v1/leyline/*``
 (:mod:`leyline_routes`, :mod:`blocks_routes`), ``GET /v1/models[/{id}]``, ``GET /health``,
 ``GET /metrics``, ``GET /model_info`` and ``GET /server_info`` (:mod:`info_routes`, for SGLang's
 router). Every error, expected or not, is answered in OpenAI's JSON shape with an
@@ -20,6 +20,8 @@ from leyline_server.api.deps import Owner, Service
 from leyline_server.api.errors import install_error_handlers
 from leyline_server.api.guard import Guard
 from leyline_server.api.pipeline import ChatPipeline
+from leyline_server.api.responses_api import routes as responses_routes
+from leyline_server.api.responses_api.store import ResponseStore
 from leyline_server.api.service import LeylineService
 
 __all__ = ["create_app"]
@@ -70,10 +72,15 @@ def create_app(service: LeylineService) -> FastAPI:
     app = FastAPI(title="Leyline", version="0.2.0", lifespan=lifespan)
     app.state.service = service
     app.state.pipeline = ChatPipeline(service)
+    config = service.config
+    app.state.responses = ResponseStore(
+        config.responses_per_key, config.responses_tokens_per_key, config.responses_ttl_s
+    )
     install_error_handlers(app)
     app.add_middleware(Guard, config=service.config, metrics=service.metrics)
     _system_routes(app)
     app.include_router(chat_routes.router)
+    app.include_router(responses_routes.router)
     app.include_router(leyline_routes.router)
     app.include_router(blocks_routes.router)
     app.include_router(info_routes.router)

@@ -43,6 +43,9 @@ class ServerConfig:
     kv_share_per_key: float = 0.5
     admission_timeout_s: float = 30.0
     stream_stall_timeout_s: float = 60.0
+    responses_per_key: int = 256  # stored responses (store: true), least recently used first out
+    responses_tokens_per_key: int = 4_000_000
+    responses_ttl_s: float = 3600.0
 
     def __post_init__(self) -> None:
         positive = {
@@ -52,6 +55,10 @@ class ServerConfig:
             "render_threads": self.render_threads,
             "max_concurrent_per_key": self.max_concurrent_per_key,
             "stream_stall_timeout_s": self.stream_stall_timeout_s,
+            "responses_per_key": self.responses_per_key,
+            "responses_tokens_per_key": self.responses_tokens_per_key,
+            "responses_ttl_s": self.responses_ttl_s,
+            "default_max_tokens": 1 if self.default_max_tokens is None else self.default_max_tokens,
         }
         for name, value in positive.items():
             if value <= 0:

@@ -134,6 +134,7 @@ class RecognisedTurn:
     session: Session | None = None
     state: ConversationState | None = None  # the session's state when it was matched
     reply_proven: bool = False  # matched by the session's own reply (rule 1)
+    splice: bool = True  # False: continued exactly, nothing spliced
     sources: list[str] = field(default_factory=list)  # who made each directive ("template", "client")
 
 
@@ -160,8 +161,12 @@ class Conversations:
         tools: list[Any] | None,
         hints: Mapping[str, str] | None = None,
         client_mode: Mode = Mode.FORGET,
+        splice: bool = True,
     ) -> RecognisedTurn | None:
         """Render the request (incrementally from its conversation) and find its session.
+
+        ``splice=False``: the session is continued exactly (its prefix reused, nothing spliced:
+        a conversation protocol without ``--auto-splice`` or the opt-in).
 
         ``None`` when per-message spans cannot be had in time: the request is then served
         plainly, without a session.
@@ -177,7 +182,7 @@ class Conversations:
             return None
         transcript = Transcript(msgs, tools, rendered)
         turn = RecognisedTurn(list(rendered.tokens), transcript, snapshot, hints, digests[-1], client_mode)
-        turn.session, turn.state, turn.reply_proven = session, state, proven
+        turn.session, turn.state, turn.reply_proven, turn.splice = session, state, proven, splice
         return turn
 
     def _match(
@@ -234,7 +239,7 @@ class Conversations:
         """The edits between ``session``'s base and the prompt (``None``: it extends the base)."""
         base, prompt, state = session.tokens, turn.tokens, turn.state
         turn.sources = []
-        if state is None or not base or prompt[: len(base)] == base:
+        if not turn.splice or state is None or not base or prompt[: len(base)] == base:
             return None
 
         def job(chat: BoundedChat) -> Any:

@@ -66,14 +66,14 @@ _OPENAI = {
     "logit_bias": _h("token id -> bias in [-100, 100]"),
     "logprobs": _h("log-probabilities of the model (before penalties and constraints)"),
     "top_logprobs": _h("0 to 20 alternatives per token"),
-    "user": _noop("an end-user id for OpenAI's abuse monitoring; nothing here monitors"),
-    "safety_identifier": _noop("as user"),
+    "user": _h("a hint of whose conversation it is: a session of another user is never continued"),
+    "safety_identifier": _h("as user"),
     "metadata": _noop("tags for OpenAI's stored completions; nothing is stored (store: true is refused)"),
     "store": Field("refused", "completions are not stored", (None, False)),
     "service_tier": Field("refused", "one tier only", (None, "auto", "default")),
-    "prompt_cache_key": _noop(
-        "the prefix cache already reuses every common prefix on this server, keyed by nothing but the tokens; "
-        "behind SGLang's router send the same key as X-SMG-Routing-Key to keep related requests on one replica"
+    "prompt_cache_key": _h(
+        "names the conversation: a plain client's session is recognised by it (docs/design.md §8); the prefix "
+        "cache itself is keyed by tokens only. Behind SGLang's router send it as X-SMG-Routing-Key too"
     ),
     "prompt_cache_retention": Field(
         "refused",

@@ -147,10 +147,14 @@ class ChatPipeline:
     def __init__(self, service: LeylineService) -> None:
         self.service = service
 
-    async def open(self, req: ChatCompletionRequest, owner: str | None, client_edits: str | None = None) -> OpenTurn:
+    async def open(
+        self, req: ChatCompletionRequest, owner: str | None, client_edits: str | None = None, recognise: bool = False
+    ) -> OpenTurn:
         """Steps 1–7 for ``req`` on behalf of ``owner``; the turn, ready to decode (close it).
 
-        ``client_edits``: the request's ``X-Leyline-Client-Edits`` header (:mod:`.conversations`).
+        ``client_edits``: the request's ``X-Leyline-Client-Edits`` header; ``recognise``: continue
+        the conversation's session even without ``--auto-splice`` or the opt-in (the Responses and
+        Messages APIs: a conversation protocol), exactly (:mod:`.conversations`).
         """
         service = self.service
         tools = self._check(req)  # 1. check
@@ -160,7 +164,8 @@ class ChatPipeline:
         try:
             ticket = await stack.enter_async_context(service.admission.slot(owner))  # 2. admit
             constraint = await self._constrain(req, tools)  # 3. constrain
-            prompt = await service.prompt(owner, req.messages, req.tools, req.leyline, shape, hints_of(req), mode)  # 4.
+            hints = hints_of(req)
+            prompt = await service.prompt(owner, req.messages, req.tools, req.leyline, shape, hints, mode, recognise)
             params = self._sampling(req, prompt, constraint)
             decoder = self._decoder(req, params, tools)
             chat = await self._start(stack, req, owner, prompt, ticket, params.max_tokens)  # 5.–7.
@@ -168,6 +173,13 @@ class ChatPipeline:
             await stack.aclose()
             raise
         return OpenTurn(service, chat, params, decoder, stack)
+
+    async def fits(self, req: ChatCompletionRequest, owner: str | None) -> bool:
+        """Whether ``req``'s prompt leaves room in the context for its completion (one render, no turn)."""
+        service = self.service
+        tokens = await service.render.tokens(owner, req.messages, req.tools, True, prompt_shape(service.chat, req))
+        asked = req.max_completion_tokens or req.max_tokens or 1
+        return len(tokens) + asked <= service.context_tokens
 
     def _check(self, req: ChatCompletionRequest) -> ToolPlan:
         self.service.check_model(req.model)

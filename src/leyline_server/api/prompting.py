@@ -17,17 +17,18 @@ from leyline_server.api.params import template_kwargs
 from leyline_server.api.render import PromptShape
 from leyline_server.api.schemas import ChatCompletionRequest
 
-__all__ = ["prompt_shape"]
+__all__ = ["prompt_shape", "template_source"]
 
 
-def _template_source(chat: Any) -> str:
+def template_source(chat: Any) -> str:
+    """The chat template's source text (a JSON dump when the tokenizer keeps several)."""
     source = getattr(chat.tokenizer, "chat_template", "") or ""
     return source if isinstance(source, str) else json.dumps(source)
 
 
 def prompt_shape(chat: Any, req: ChatCompletionRequest) -> PromptShape | None:
     """The request's :class:`PromptShape` (``None``: a plain render); 400 naming a field it cannot honour."""
-    kwargs = template_kwargs(req, _template_source(chat))
+    kwargs = template_kwargs(req, template_source(chat))
     if req.continue_final_message:
         last = req.messages[-1]
         if last.role != "assistant" or not isinstance(last.content, str) or len(req.messages) < 2:

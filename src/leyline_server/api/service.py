@@ -126,18 +126,20 @@ class LeylineService:
         shape: PromptShape | None = None,
         hints: Mapping[str, str] | None = None,
         client_mode: Mode | None = None,
+        recognise: bool = False,
     ) -> Prompt:
         """The request's prompt tokens (rendered off the event loop, bounded; see :mod:`.render`),
         and the conversation it continues for a plain client under ``--auto-splice`` or the
-        client-edits opt-in (``client_mode``: the mode of the client's own edits; see
-        :mod:`.conversations`).
+        client-edits opt-in (``client_mode``: the mode of the client's own edits), or when the
+        protocol asks (``recognise``: continued exactly, nothing spliced; see :mod:`.conversations`).
 
         A request that sets template variables or continues its final message (``shape``) is
         served without a conversation: its rendering is not the conversation's plain one.
         """
-        if ext is None and shape is None and (self.config.auto_splice or client_mode is not None):
+        spliced = self.config.auto_splice or client_mode is not None
+        if ext is None and shape is None and (spliced or recognise):
             mode = client_mode if client_mode is not None else Mode.FORGET
-            turn = await self.conversations.prepare(owner, messages, tools, hints, mode)
+            turn = await self.conversations.prepare(owner, messages, tools, hints, mode, splice=spliced)
             if turn is not None:
                 return Prompt(turn.tokens, turn)
         return Prompt(await self.render.tokens(owner, messages, tools, True, shape))
