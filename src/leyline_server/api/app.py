@@ -1,10 +1,12 @@
 """The ASGI app: routers, the guard in front of them (:mod:`.guard`), system routes.
 
-Routes: ``POST /v1/chat/completions`` (:mod:`chat_routes`), ``/v1/responses`` (:mod:`.responses_api`), ``/v1/leyline/*``
+Routes: ``POST /v1/chat/completions`` (:mod:`chat_routes`), ``/v1/responses``
+(:mod:`.responses_api`), ``/v1/messages`` (:mod:`.messages_api`), ``/v1/leyline/*``
 (:mod:`leyline_routes`, :mod:`blocks_routes`), ``GET /v1/models[/{id}]``, ``GET /health``,
 ``GET /metrics``, ``GET /model_info`` and ``GET /server_info`` (:mod:`info_routes`, for SGLang's
-router). Every error, expected or not, is answered in OpenAI's JSON shape with an
-``x-request-id`` header; an unexpected one is logged with that id and the server keeps serving.
+router). Every error, expected or not, is answered in OpenAI's JSON shape (Anthropic's on the
+Messages API's routes) with an ``x-request-id`` header; an unexpected one is logged with that id
+and the server keeps serving.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from leyline_server.api import blocks_routes, chat_routes, info_routes, leyline_
 from leyline_server.api.deps import Owner, Service
 from leyline_server.api.errors import install_error_handlers
 from leyline_server.api.guard import Guard
+from leyline_server.api.messages_api import routes as messages_routes
 from leyline_server.api.pipeline import ChatPipeline
 from leyline_server.api.responses_api import routes as responses_routes
 from leyline_server.api.responses_api.store import ResponseStore
@@ -81,6 +84,7 @@ def create_app(service: LeylineService) -> FastAPI:
     _system_routes(app)
     app.include_router(chat_routes.router)
     app.include_router(responses_routes.router)
+    app.include_router(messages_routes.router)
     app.include_router(leyline_routes.router)
     app.include_router(blocks_routes.router)
     app.include_router(info_routes.router)

@@ -59,6 +59,7 @@ class TextDecoder:
         self.ids: list[int] = []
         self.emitted = 0
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text, if one did
 
     def text(self) -> str:
         """Everything generated so far, cut at the first stop string."""
@@ -70,6 +71,7 @@ class TextDecoder:
             if 0 <= at and at + (len(stop) if self.keep_stop else 0) <= cut:
                 self.stopped = True
                 cut = at + (len(stop) if self.keep_stop else 0)
+                self.matched = stop
         return text[:cut]
 
     def _visible(self, text: str) -> str:

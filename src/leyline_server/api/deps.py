@@ -26,12 +26,15 @@ def get_pipeline(request: Request) -> ChatPipeline:
     return pipeline
 
 
+_KEY_MISSING = "missing or invalid API key (Authorization: Bearer KEY, or x-api-key: KEY)"
+
+
 async def owner(request: Request) -> str | None:
     """The caller's API key as :class:`~leyline_server.api.guard.Guard` authenticated it (``None``
     when the server has no keys); 401 if it did not (it answers before the body is read)."""
     authenticated, key = owner_of(request.scope)
     if not authenticated:
-        raise APIError(401, "invalid_api_key", "missing or invalid API key (Authorization: Bearer KEY)")
+        raise APIError(401, "invalid_api_key", _KEY_MISSING)
     return key
 
 

@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-__all__ = ["APIError", "install_error_handlers", "error_body"]
+__all__ = ["APIError", "install_error_handlers", "error_body", "MESSAGES_PREFIX"]
 
 _TYPES = {
     400: "invalid_request_error",
@@ -45,8 +45,26 @@ class APIError(Exception):
         self.headers = headers or {}
 
 
-def error_body(status: int, code: str, message: str, param: str | None = None) -> dict[str, Any]:
-    """The JSON body of an error response."""
+# Anthropic's error types by status (the Messages API's routes answer in its shape)
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+MESSAGES_PREFIX = "/v1/messages"
+
+
+def error_body(status: int, code: str, message: str, param: str | None = None, path: str = "") -> dict[str, Any]:
+    """The JSON body of an error response: OpenAI's shape, or Anthropic's on the Messages API's
+    routes (``{"type": "error", "error": {"type", "message"}}``, the message naming the field)."""
+    if path.startswith(MESSAGES_PREFIX):
+        kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+        named = f"{param}: {message}" if param and not message.startswith(param) else message
+        return {"type": "error", "error": {"type": kind, "message": named, "code": code}}
     return {
         "error": {"type": _TYPES.get(status, "invalid_request_error"), "code": code, "message": message, "param": param}
     }
@@ -71,16 +89,17 @@ def install_error_handlers(app: Any) -> None:
     """Map APIError, validation errors and HTTP errors to OpenAI-shaped JSON."""
 
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        body = error_body(exc.status, exc.code, exc.message, exc.param)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        body = error_body(exc.status, exc.code, exc.message, exc.param, request.url.path)
         headers = {"x-should-retry": "false", **exc.headers} if exc.status == 409 else exc.headers
         return JSONResponse(body, status_code=exc.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_param(exc)
-        return JSONResponse(error_body(400, "invalid_request", message, param), status_code=400)
+        return JSONResponse(error_body(400, "invalid_request", message, param, request.url.path), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(error_body(exc.status_code, "http_error", str(exc.detail)), status_code=exc.status_code)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        body = error_body(exc.status_code, "http_error", str(exc.detail), path=request.url.path)
+        return JSONResponse(body, status_code=exc.status_code)

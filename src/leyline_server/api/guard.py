@@ -3,9 +3,9 @@
 For each HTTP request, in this order:
 
 1. an ``x-request-id`` is made (every response carries it);
-2. on ``/v1/...`` the API key is checked from the raw ``Authorization`` bytes *before a byte of
-   the body is read* (a key with non-ASCII bytes is just a wrong key: 401); the key becomes the
-   request's owner (:func:`owner_of`);
+2. on ``/v1/...`` the API key is checked from the raw ``Authorization`` (or, as Anthropic's
+   clients send it, ``x-api-key``) bytes *before a byte of the body is read* (a key with
+   non-ASCII bytes is just a wrong key: 401); the key becomes the request's owner (:func:`owner_of`);
 3. the body is read up to ``max_body_bytes``, counting the bytes actually received —
    ``Content-Length`` and chunked bodies alike: past the limit the answer is 413 and the rest
    is never read;
@@ -84,8 +84,11 @@ def lone_surrogate(body: bytes) -> str | None:
     return None
 
 
-def _refusal(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, code, message, param), status_code=status)
+_KEY_MISSING = "missing or invalid API key (Authorization: Bearer KEY, or x-api-key: KEY)"
+
+
+def _refusal(status: int, code: str, message: str, param: str | None = None, path: str = "") -> JSONResponse:
+    return JSONResponse(error_body(status, code, message, param, path), status_code=status)
 
 
 class _Disconnected(Exception):
@@ -110,7 +113,9 @@ class Guard:
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 response["status"], response["started"] = message["status"], True
-                message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", request_id.encode())]}
+                rid = request_id.encode()
+                ids = [(b"x-request-id", rid), (b"request-id", rid)]  # OpenAI's name, Anthropic's
+                message = {**message, "headers": [*message.get("headers", []), *ids]}
             await send(message)
 
         try:
@@ -122,7 +127,7 @@ class Guard:
                 raise  # a stream already answered 200: the server ends the connection
             log.exception("request %s %s %s failed", request_id, scope.get("method"), scope.get("path"))
             message = f"internal server error (request id {request_id})"
-            await _refusal(500, "internal_error", message)(scope, receive, send_with_id)
+            await _refusal(500, "internal_error", message, path=scope.get("path", ""))(scope, receive, send_with_id)
         finally:
             path = getattr(scope.get("route"), "path", "unmatched")
             self.metrics.requests.labels(path, str(response["status"])).inc()
@@ -138,7 +143,7 @@ class Guard:
             if where is not None:
                 where = where.encode("utf-8", "backslashreplace").decode()  # a key may hold it too
                 message = f"{where}: a lone UTF-16 surrogate is not text (no UTF-8 encoding exists)"
-                refusal = _refusal(400, "invalid_request", message, where)
+                refusal = _refusal(400, "invalid_request", message, where, scope.get("path", ""))
         if refusal is not None:
             await refusal(scope, receive, send)
             return
@@ -150,20 +155,23 @@ class Guard:
         if not self._keys:
             state[OWNER] = None
             return None
-        header = next((v for k, v in scope.get("headers", []) if k == b"authorization"), b"")
-        token = header[7:].strip() if header[:7].lower() == b"bearer " else b""
+        headers = scope.get("headers", [])
+        header = next((v for k, v in headers if k == b"authorization"), b"")
+        tokens = [header[7:].strip() if header[:7].lower() == b"bearer " else b""]
+        tokens += [v.strip() for k, v in headers if k == b"x-api-key"]  # Anthropic's clients send this one
         for key, raw in self._keys:
-            if hmac.compare_digest(token, raw):
+            if any(hmac.compare_digest(token, raw) for token in tokens):
                 state[OWNER] = key
                 return None
-        if not str(scope.get("path", "")).startswith("/v1/"):
+        path = str(scope.get("path", ""))
+        if not path.startswith("/v1/"):
             return None  # /health, /metrics, the OpenAPI schema: open
-        return _refusal(401, "invalid_api_key", "missing or invalid API key (Authorization: Bearer KEY)")
+        return _refusal(401, "invalid_api_key", _KEY_MISSING, path=path)
 
     async def _read_body(self, scope: Scope, receive: Receive) -> tuple[bytes, JSONResponse | None]:
         """The whole body, or a 413 as soon as more than the limit arrived (the rest is not read)."""
         limit = self.config.max_body_bytes
-        too_large = _refusal(413, "body_too_large", f"request body over {limit} bytes")
+        too_large = _refusal(413, "body_too_large", f"request body over {limit} bytes", path=scope.get("path", ""))
         length = next((v for k, v in scope.get("headers", []) if k == b"content-length"), None)
         if length is not None and length.isdigit() and int(length) > limit:
             return b"", too_large

@@ -71,6 +71,7 @@ class OpenTurn:
     stack: AsyncExitStack
     outcome: Outcome | None = None
     rest: str = ""  # the outcome's content not shown by any delta yet
+    capped_to: int | None = None  # the completion limit, when the asked one was capped to the room left
     _closed: bool = field(default=False, repr=False)
 
     async def deltas(self) -> AsyncIterator[Delta]:
@@ -115,13 +116,22 @@ class OpenTurn:
 
     def headers(self) -> dict[str, str]:
         """What the turn did to the cache, as response headers (for protocols without a ``leyline`` field)."""
-        return report_headers(self.result())
+        out = report_headers(self.result())
+        if self.capped_to is not None:
+            out["x-leyline-max-tokens-capped"] = str(self.capped_to)
+        return out
 
     async def close(self) -> None:
         """Keep the session's new base (or release a plain turn's cache) and free the admission slot."""
         if not self._closed:
             self._closed = True
             await self.stack.aclose()
+
+
+def _capped(req: ChatCompletionRequest, prompt_tokens: int, context: int) -> int | None:
+    """The room left in the context when ``req`` asks for more (and there is room), else ``None``."""
+    asked, room = req.max_completion_tokens or req.max_tokens, context - prompt_tokens
+    return room if asked is not None and room >= 1 and asked > room else None
 
 
 def report_headers(result: LeylineResult) -> dict[str, str]:
@@ -148,13 +158,21 @@ class ChatPipeline:
         self.service = service
 
     async def open(
-        self, req: ChatCompletionRequest, owner: str | None, client_edits: str | None = None, recognise: bool = False
+        self,
+        req: ChatCompletionRequest,
+        owner: str | None,
+        client_edits: str | None = None,
+        recognise: bool = False,
+        cap_max_tokens: bool = False,
     ) -> OpenTurn:
         """Steps 1–7 for ``req`` on behalf of ``owner``; the turn, ready to decode (close it).
 
         ``client_edits``: the request's ``X-Leyline-Client-Edits`` header; ``recognise``: continue
         the conversation's session even without ``--auto-splice`` or the opt-in (the Responses and
-        Messages APIs: a conversation protocol), exactly (:mod:`.conversations`).
+        Messages APIs: a conversation protocol), exactly (:mod:`.conversations`);
+        ``cap_max_tokens``: a completion limit past the room left in the context is capped to
+        the room (:attr:`OpenTurn.capped_to`) instead of a 400 (the Messages API: Claude Code
+        asks for 32,000 whatever the model).
         """
         service = self.service
         tools = self._check(req)  # 1. check
@@ -166,20 +184,27 @@ class ChatPipeline:
             constraint = await self._constrain(req, tools)  # 3. constrain
             hints = hints_of(req)
             prompt = await service.prompt(owner, req.messages, req.tools, req.leyline, shape, hints, mode, recognise)
+            capped = _capped(req, len(prompt.tokens), service.context_tokens) if cap_max_tokens else None
+            if capped is not None:
+                req = req.model_copy(update={"max_tokens": capped, "max_completion_tokens": None})
             params = self._sampling(req, prompt, constraint)
             decoder = self._decoder(req, params, tools)
             chat = await self._start(stack, req, owner, prompt, ticket, params.max_tokens)  # 5.–7.
         except BaseException:
             await stack.aclose()
             raise
-        return OpenTurn(service, chat, params, decoder, stack)
+        return OpenTurn(service, chat, params, decoder, stack, capped_to=capped)
+
+    async def count_tokens(self, req: ChatCompletionRequest, owner: str | None) -> int:
+        """The length of ``req``'s prompt (one render, no turn)."""
+        service = self.service
+        tokens = await service.render.tokens(owner, req.messages, req.tools, True, prompt_shape(service.chat, req))
+        return len(tokens)
 
     async def fits(self, req: ChatCompletionRequest, owner: str | None) -> bool:
         """Whether ``req``'s prompt leaves room in the context for its completion (one render, no turn)."""
-        service = self.service
-        tokens = await service.render.tokens(owner, req.messages, req.tools, True, prompt_shape(service.chat, req))
         asked = req.max_completion_tokens or req.max_tokens or 1
-        return len(tokens) + asked <= service.context_tokens
+        return await self.count_tokens(req, owner) + asked <= self.service.context_tokens
 
     def _check(self, req: ChatCompletionRequest) -> ToolPlan:
         self.service.check_model(req.model)

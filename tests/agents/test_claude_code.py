@@ -1,0 +1,66 @@
+"""Claude Code (``@anthropic-ai/claude-code``, pinned) on Leyline's Messages API, offline.
+
+The tiny long-context preset on the llama.cpp engine holds Claude Code's first request (~46k
+tokens of the tiny tokenizer: its system prompt and 24 tools); its ``max_tokens: 32000`` is
+capped to the room left. The model is random but its sampled replies end within a few tokens:
+``claude -p`` must exit 0 printing the model's answer (the text of the last message the server
+sent), with every request it made answered (the server's own request counter, by route and
+status).
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from leyline_server.api.messages_api import routes
+from tests.agents.clients import RefusingProxy, claude
+from tests.e2e.server_helpers import make_service, running_server
+
+MODEL = "tiny-gqa-long"
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    service = make_service(MODEL, engine="llamacpp", kv_budget_mb=512, max_context_tokens=65536)
+    answers: list[dict[str, Any]] = []
+    original = routes._final
+
+    def recording(*args: Any) -> dict[str, Any]:  # every message the server answered, as sent
+        body = original(*args)
+        answers.append(body)
+        return body
+
+    routes._final = recording  # type: ignore[assignment]
+    try:
+        with running_server(service) as url:
+            yield url, answers
+    finally:
+        routes._final = original  # type: ignore[assignment]
+
+
+def statuses(url: str) -> dict[tuple[str, str], float]:
+    """The server's request counter: (route, status) -> count."""
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    pattern = re.compile(r'^leyline_requests_total\{route="([^"]+)",status="(\d+)"\} (\S+)$', re.M)
+    return {(route, status): float(n) for route, status, n in pattern.findall(text)}
+
+
+def test_claude_p_answers_with_the_models_reply(served, proxy: RefusingProxy, tmp_path):
+    url, answers = served
+    run = claude(tmp_path, url, MODEL, "Say hello.", proxy, max_output=64)
+    assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-3000:])
+    assert answers, "no message was answered"
+    prompts = [sum(v for k, v in a["usage"].items() if k.endswith("input_tokens")) for a in answers]
+    assert max(prompts) > 30_000, prompts  # its whole first turn (system prompt, tools) was served
+    last = "".join(b.get("text", "") for b in answers[-1]["content"] if b["type"] == "text")
+    assert run.stdout.strip() == last.strip(), (run.stdout, last)
+    print(f"claude -p printed {run.stdout.strip()!r}; prompts {prompts}")
+    counted = statuses(url)
+    messages = {status: n for (route, status), n in counted.items() if route.startswith("/v1/messages")}
+    assert messages and set(messages) == {"200"}, counted  # every request it made: answered
+    assert proxy.attempts == [], proxy.attempts  # nothing tried to leave but through the refusing proxy
