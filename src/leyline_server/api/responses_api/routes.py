@@ -87,7 +87,8 @@ def _answer(turn: OpenTurn, req: ResponsesRequest, logprobs: list[Any]) -> tuple
     message = dict(turn.outcome.message)
     if req.max_tool_calls is not None and message.get("tool_calls"):
         message["tool_calls"] = message["tool_calls"][: req.max_tool_calls]
-    items = output_items(message, None, False)
+    sealed = "reasoning.encrypted_content" in (req.include or [])
+    items = output_items(message, message.get("reasoning_content"), sealed)
     if logprobs:
         for item in items:
             if item["type"] == "message":
