@@ -43,7 +43,40 @@ def chat(**fields) -> tuple[str, str, dict]:
 
 
 SURROGATE = "a\ud800b"  # a lone surrogate: json.dumps writes it as the escape \ud800
+
+
+def nested_schema(levels: int) -> dict:
+    """An object schema ``levels`` objects deep (twice as deep in JSON)."""
+    schema: dict = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+def nested_list(levels: int) -> list:
+    value: list = [1]
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def json_schema(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
 CASES = {
+    # client JSON nested past what the recursive walkers take (round two's RecursionErrors)
+    "carrier nested 60k deep": (chat(metadata={"leyline": "[" * 60_000 + "]" * 60_000}), None),
+    "response_format 150 objects deep": (chat(response_format=json_schema(nested_schema(150))), "response_format"),
+    "enum values 800 deep": (chat(response_format=json_schema({"enum": [nested_list(800)]})), "response_format"),
+    "const value 800 deep": (chat(response_format=json_schema({"const": nested_list(800)})), "response_format"),
+    "tool parameters 150 objects deep": (
+        chat(
+            tools=[{"type": "function", "function": {"name": "f", "parameters": nested_schema(150)}}],
+            tool_choice="required",
+        ),
+        "tools.0",
+    ),  # fmt: skip
     "logit_bias superscript two": (chat(logit_bias={"²": 5}), "logit_bias"),
     "logit_bias 5,000 digits": (chat(logit_bias={"1" * 5000: 5}), "logit_bias"),
     "seed 2**64": (chat(seed=2**64), "seed"),

@@ -37,9 +37,11 @@ def test_every_cut_of_a_tool_call_gives_the_same_content_streamed(hf_tokenizer):
     for n in range(1, len(ids) + 1):  # max_tokens = n
         streamed, outcome = answer(hf_tokenizer, ids[:n], parse_tools=True)
         assert streamed == outcome.content, n
-        if n < ids.index(4) + 1:  # the call is not closed yet: it stays text, in both
+        if n < ids.index(3) + 1:  # no call started yet: plain text
+            assert outcome.calls == [] and outcome.content == hf_tokenizer.decode(ids[:n])
+        elif n < ids.index(4) + 1:  # the call is cut short: no call, and its framing never reaches the content
             assert outcome.calls == [] and outcome.finish_reason == "length"
-            assert outcome.content == hf_tokenizer.decode(ids[:n], skip_special_tokens=False).replace("<|im_end|>", "")
+            assert outcome.content == "Let me look. "
         else:
             assert [c["function"]["name"] for c in outcome.calls] == ["read_file"]
             after = hf_tokenizer.decode([t for t in ids[ids.index(4) + 1 : n] if t != EOS])
@@ -74,3 +76,11 @@ def test_only_the_first_call_without_parallel_calls(hf_tokenizer):
     assert [c["function"]["name"] for c in outcome.calls] == ["a"] and outcome.message["content"] is None
     _, outcome = answer(hf_tokenizer, one + two, parse_tools=True)
     assert [c["function"]["name"] for c in outcome.calls] == ["a", "b"]
+
+
+def test_a_second_call_cut_short_leaves_no_framing_in_the_content(hf_tokenizer):
+    first = call_tokens(hf_tokenizer)[:-3]  # "Let me look. " + one whole call
+    second = [3, *encode(hf_tokenizer, '{"name": "read_fi')]  # a second call, cut by the length limit
+    streamed, outcome = answer(hf_tokenizer, first + second, parse_tools=True)
+    assert [c["function"]["name"] for c in outcome.calls] == ["read_file"]
+    assert outcome.content == streamed == "Let me look. " and "<tool_call>" not in outcome.content

@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from leyline_server.api.limits import MAX_JSON_DEPTH, json_depth
+
 __all__ = ["CARRIER_KEY", "lift_leyline"]
 
 CARRIER_KEY = "leyline"
@@ -43,6 +45,10 @@ def lift_leyline(data: Any) -> Any:
         extension = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise ValueError(f"metadata.leyline: not valid JSON ({exc.msg} at {exc.pos})") from None
+    except RecursionError:  # the parser's own bound: far past any extension
+        raise ValueError(f"metadata.leyline: nested deeper than {MAX_JSON_DEPTH} levels") from None
+    if json_depth(extension) > MAX_JSON_DEPTH:
+        raise ValueError(f"metadata.leyline: nested deeper than {MAX_JSON_DEPTH} levels")
     if not isinstance(extension, dict):
         raise ValueError("metadata.leyline: must be a JSON object (the leyline extension)")
     rest = {k: v for k, v in metadata.items() if k != CARRIER_KEY}

@@ -20,6 +20,7 @@ from leyline_server.api.toolcalls import parse_tool_calls
 
 __all__ = ["TextDecoder", "Outcome", "TOOL_MARK"]
 
+TOOL_CLOSE = "</tool_call>"
 TOOL_MARK = "<tool_call>"
 
 
@@ -96,6 +97,8 @@ class TextDecoder:
         """The answer for every token pushed; ``reason`` is the engine's finish reason."""
         text = self.text()
         content, calls = parse_tool_calls(text) if self.parse_tools else (text, [])
+        if self.parse_tools:  # a call cut short (a length limit) is no content: its framing never leaks
+            content = _without_unfinished_call(content)
         if not self.parallel:
             calls = calls[:1]
         if calls and not content.strip():
@@ -112,3 +115,11 @@ class TextDecoder:
         delta = content[self.emitted :] if content.startswith(self.text()[: self.emitted]) else ""
         self.emitted = max(self.emitted, len(content))
         return delta
+
+
+def _without_unfinished_call(content: str) -> str:
+    """``content`` without a trailing ``<tool_call>`` that never closed."""
+    at = content.rfind(TOOL_MARK)
+    if at < 0 or TOOL_CLOSE in content[at:]:
+        return content
+    return content[:at]

@@ -12,7 +12,45 @@ from leyline_server.api.config import ServerConfig
 from leyline_server.api.errors import APIError
 from leyline_server.engines.values import Handle
 
-__all__ = ["check_directives", "check_tokens", "overflow", "result_length", "overflowing_directive"]
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "check_directives",
+    "check_tokens",
+    "json_depth",
+    "check_json_depth",
+    "overflow",
+    "result_length",
+    "overflowing_directive",
+]
+
+# How deep client JSON that the server walks (schemas, tools, the carrier) may nest: objects and
+# arrays inside each other. Real schemas stay far below (OpenAI's strict mode allows 10 levels of
+# object nesting, ~20 here); Python's recursive walkers (jsonschema, deepcopy) fail near 150.
+MAX_JSON_DEPTH = 64
+
+
+def json_depth(value: object, limit: int = MAX_JSON_DEPTH) -> int:
+    """How deep ``value`` nests (a scalar: 0), counted without recursion; stops past ``limit``."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping):
+            children: Sequence[object] = list(item.values())
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            return deepest
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def check_json_depth(value: object, param: str, limit: int = MAX_JSON_DEPTH) -> None:
+    """400 ``too_deep`` naming ``param`` when ``value`` nests deeper than ``limit``."""
+    if json_depth(value, limit) > limit:
+        raise APIError(400, "too_deep", f"nested deeper than {limit} levels", param)
 
 
 def check_directives(config: ServerConfig, directives: Sequence[Directive], param: str) -> None:

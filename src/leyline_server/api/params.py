@@ -12,6 +12,7 @@ from typing import Any
 from leyline_sdk.core.fallbacks import FallbackCode
 from leyline_server.api.errors import APIError
 from leyline_server.api.fields import refuse_unsupported
+from leyline_server.api.limits import check_json_depth
 from leyline_server.api.schemas import ChatCompletionRequest
 from leyline_server.engines.values import Constraint, SamplingParams
 
@@ -26,6 +27,10 @@ def _invalid(message: str, param: str) -> APIError:
 
 def check_request(req: ChatCompletionRequest) -> None:
     """400 for every refused field and for combinations that mean nothing (see the module docstring)."""
+    check_json_depth(req.response_format, "response_format")  # before anything walks them recursively
+    for i, tool in enumerate(req.tools or ()):
+        check_json_depth(tool, f"tools.{i}")
+    check_json_depth(req.tool_choice, "tool_choice")
     refuse_unsupported(req.model_dump(exclude_unset=True, exclude={"messages", "leyline"}))
     if req.top_logprobs and not req.logprobs:
         raise _invalid("top_logprobs requires logprobs: true", "top_logprobs")

@@ -71,7 +71,10 @@ def probe_layout(render_text: Callable[..., str], encode: Callable[[str], list[i
         text = render_text(messages, tools, False)
     except Exception:  # noqa: BLE001 - a template that cannot render calls has no layout
         return None
-    first = text.find(MARK_OPEN)
+    # the first call's framing: the last mark before its payload (a tools block before the
+    # conversation may show the mark too, as Leyline's own text form does in its instructions)
+    named = max(text.rfind(f'"name": "{_PROBE[0]}"'), text.rfind(f'"name":"{_PROBE[0]}"'))
+    first = text.rfind(MARK_OPEN, 0, named) if named >= 0 else text.find(MARK_OPEN)
     if first < 0:
         return None
     start = first + len(MARK_OPEN)

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse
 
 from leyline_server.api.deps import ClientEdits, Owner, Pipeline
 from leyline_server.api.errors import APIError, error_body
+from leyline_server.api.limits import check_json_depth
 from leyline_server.api.messages_api.blocks import (
     answer_blocks,
     chat_tool_choice,
@@ -91,6 +92,8 @@ def _body(req: CountTokensRequest, messages: list[dict[str, Any]], tools: list[d
 
 async def _prepared(req: CountTokensRequest, key: str | None, pipeline: ChatPipeline) -> MessagesInput:
     refuse_unsupported_message_fields(req)
+    for name in ("messages", "tools", "tool_choice", "output_config", "context_management", "system"):
+        check_json_depth(getattr(req, name), name)  # before anything walks them recursively
     messages = to_chat_messages(req.system, req.messages)
     tools, not_offered = chat_tools(req.tools)
     body = _body(req, messages, tools)

@@ -23,6 +23,7 @@ from leyline_sdk.core.fallbacks import FallbackCode
 from leyline_sdk.core.responses_items import ItemError, item_id, output_items, to_messages
 from leyline_server.api.deps import ClientEdits, Owner, Pipeline
 from leyline_server.api.errors import APIError
+from leyline_server.api.limits import check_json_depth
 from leyline_server.api.pipeline import ChatPipeline, OpenTurn
 from leyline_server.api.prompting import template_source
 from leyline_server.api.responses_api.convert import ChatInput, to_chat
@@ -119,6 +120,8 @@ def _headers(turn: OpenTurn, chat: ChatInput, dropped: int) -> dict[str, str]:
 
 async def _prepared(req: ResponsesRequest, key: str | None, pipeline: ChatPipeline, store: ResponseStore) -> ChatInput:
     refuse_unsupported_response_fields(req)
+    for name in ("input", "tools", "tool_choice", "text", "reasoning"):
+        check_json_depth(getattr(req, name), name)  # before anything walks them recursively
     history: list[dict[str, Any]] = []
     if req.previous_response_id is not None:
         previous = store.get(req.previous_response_id, key)
