@@ -88,3 +88,10 @@ def test_the_guards_refusals_come_in_anthropics_shape(http):
     assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "not_found_error"
     chat = http.post("/v1/chat/completions", json={"model": "nope", "messages": []}, headers=HEADERS)
     assert "error" in chat.json() and "type" not in chat.json()  # other routes keep OpenAI's shape
+
+
+def test_sampling_fields_and_thinking_are_accepted(http):
+    got = post(http, top_k=5, top_p=0.9, temperature=0.5, thinking={"type": "adaptive"},
+               output_config={"effort": "high"}, metadata={"user_id": "someone"}, stop_sequences=["\n\n"])  # fmt: skip
+    assert got.status_code == 200, got.text
+    assert Message.model_validate(got.json()).stop_reason in ("max_tokens", "end_turn", "stop_sequence")

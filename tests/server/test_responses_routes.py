@@ -129,3 +129,14 @@ def test_errors_come_in_the_responses_shape(http):
     assert got.status_code == 404 and body["error"]["code"] == "model_not_found"
     got, body = create(http, input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}])
     assert got.status_code == 400 and body["error"]["param"] == "input.0.content.0.type"
+
+
+def test_logprobs_reasoning_and_the_sampling_fields(http):
+    fields = {"top_logprobs": 2, "reasoning": {"effort": "high"}, "top_p": 0.9, "user": "u1",
+              "include": ["message.output_text.logprobs"], "prompt_cache_key": "conv-1"}  # fmt: skip
+    got, body = create(http, input="hi", max_output_tokens=3, **fields)
+    assert got.status_code == 200, body
+    response = Response.model_validate(body)
+    logprobs = response.output[0].content[0].logprobs  # type: ignore[union-attr]
+    assert logprobs is not None and len(logprobs) == 3 and all(len(e.top_logprobs) == 2 for e in logprobs)
+    assert response.reasoning is not None and response.reasoning.effort == "high"  # echoed; no switch on this template
