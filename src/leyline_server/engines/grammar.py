@@ -18,6 +18,7 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import torch
@@ -70,18 +71,21 @@ class GrammarBackend:
         self.stop_token_ids = list(stop_token_ids)
         self.cache_size = cache_size
         self._compiled: OrderedDict[Constraint, Any] = OrderedDict()
-        self._lock = threading.Lock()
+        self._pending: dict[Constraint, Future[Any]] = {}  # compiles in flight, shared by equal constraints
+        self._lock = threading.Lock()  # guards the two maps only: never held while compiling
+        self._compiler_lock = threading.Lock()
         self._compiler: Any = None
 
     def _get_compiler(self) -> Any:
-        if self._compiler is None:
-            import xgrammar as xgr
+        with self._compiler_lock:
+            if self._compiler is None:
+                import xgrammar as xgr
 
-            info = xgr.TokenizerInfo.from_huggingface(
-                self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids
-            )
-            self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
-        return self._compiler
+                info = xgr.TokenizerInfo.from_huggingface(
+                    self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids
+                )
+                self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+            return self._compiler
 
     def _compile(self, constraint: Constraint) -> Any:
         compiler = self._get_compiler()
@@ -95,22 +99,38 @@ class GrammarBackend:
         return compiler.compile_structural_tag(value)
 
     def compile(self, constraint: Constraint) -> Any:
-        """xgrammar's compiled grammar for ``constraint``; :class:`ConstraintError` when it cannot be built."""
+        """xgrammar's compiled grammar for ``constraint``; :class:`ConstraintError` when it cannot be built.
+
+        A cached grammar is returned at once, whatever else is compiling; different constraints
+        compile concurrently; a caller asking for one already compiling waits for that compile.
+        """
         with self._lock:
             hit = self._compiled.get(constraint)
             if hit is not None:
                 self._compiled.move_to_end(constraint)
                 return hit
-            try:
-                compiled = self._compile(constraint)
-            except ConstraintError:
-                raise
-            except Exception as exc:  # xgrammar raises RuntimeError / ValueError / its own types
-                raise ConstraintError(f"cannot compile the {constraint.kind}: {_message(exc)}") from exc
+            pending = self._pending.get(constraint)
+            mine = pending is None
+            if pending is None:
+                pending = self._pending[constraint] = Future()
+        if not mine:
+            return pending.result()
+        try:
+            compiled = self._compile(constraint)
+        except Exception as exc:  # xgrammar raises RuntimeError / ValueError / its own types
+            error = exc if isinstance(exc, ConstraintError) else ConstraintError(
+                f"cannot compile the {constraint.kind}: {_message(exc)}")  # fmt: skip
+            with self._lock:
+                del self._pending[constraint]
+            pending.set_exception(error)
+            raise error from exc
+        with self._lock:
             self._compiled[constraint] = compiled
             while len(self._compiled) > self.cache_size:
                 self._compiled.popitem(last=False)
-            return compiled
+            del self._pending[constraint]
+        pending.set_result(compiled)
+        return compiled
 
     def mask(self, constraint: Constraint) -> GrammarMask:
         """A fresh mask for one request (compiles, or takes the cached grammar)."""
