@@ -28,6 +28,7 @@ slot); routes call it however the answer ends (a streamed one: when the stream c
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, aclosing
 from dataclasses import dataclass, field
@@ -213,8 +214,13 @@ class ChatPipeline:
         return plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
 
     async def _constrain(self, req: ChatCompletionRequest, tools: ToolPlan) -> Constraint | None:
-        """The output constraint, compiled once here so that a bad one is a 400 naming its field."""
-        plan = plan_constraint(self.service.chat, tools, req.response_format, req.regex, req.ebnf)
+        """The output constraint, compiled once here so that a bad one is a 400 naming its field.
+
+        Planning validates the schema (jsonschema: seconds for a megabyte of ``$defs``), so it runs
+        off the event loop, as the compile does.
+        """
+        chat = self.service.chat
+        plan = await asyncio.to_thread(plan_constraint, chat, tools, req.response_format, req.regex, req.ebnf)
         if plan is None:
             return None
         try:
