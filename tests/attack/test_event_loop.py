@@ -22,8 +22,8 @@ def huge_schema(defs: int = 20_000) -> dict:
 
 
 async def test_a_huge_schema_does_not_freeze_health_or_another_chat(engine):
-    huge = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
-            "response_format": {"type": "json_schema", "json_schema": {"name": "huge", "schema": huge_schema()}}}  # fmt: skip
+    fmt = {"type": "json_schema", "json_schema": {"name": "huge", "schema": huge_schema()}}
+    huge = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "response_format": fmt}
     short = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     with serve(service(engine, max_body_bytes=16 * 2**20)) as url:
         async with httpx.AsyncClient(base_url=url, timeout=120) as c:
