@@ -9,10 +9,11 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
 
 from leyline_server.api.deps import ClientEdits, Owner, Pipeline
+from leyline_server.api.disconnect import GONE_STATUS, ClientGone, unless_gone
 from leyline_server.api.errors import APIError, error_body
 from leyline_server.api.pipeline import OpenTurn
 from leyline_server.api.responses import Completion, sse
@@ -70,7 +71,7 @@ async def _events(turn: OpenTurn, completion: Completion, include_usage: bool) -
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(
-    body: ChatCompletionRequest, key: Owner, pipeline: Pipeline, client_edits: ClientEdits = None
+    body: ChatCompletionRequest, key: Owner, pipeline: Pipeline, request: Request, client_edits: ClientEdits = None
 ) -> Any:
     """OpenAI's chat completion; ``leyline`` in the body asks for a session and directives."""
     turn = await pipeline.open(body, key, client_edits)
@@ -78,7 +79,10 @@ async def chat_completions(
     headers = turn.headers()
     if not body.stream:
         try:
-            return JSONResponse(await _complete(turn, completion, bool(body.logprobs)), headers=headers)
+            answer = await unless_gone(request, _complete(turn, completion, bool(body.logprobs)))
+            return JSONResponse(answer, headers=headers)
+        except ClientGone:
+            return Response(status_code=GONE_STATUS)
         finally:
             await turn.close()
     include_usage = bool(body.stream_options and body.stream_options.get("include_usage"))

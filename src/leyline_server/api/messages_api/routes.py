@@ -17,10 +17,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import APIRouter
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
 
 from leyline_server.api.deps import ClientEdits, Owner, Pipeline
+from leyline_server.api.disconnect import GONE_STATUS, ClientGone, unless_gone
 from leyline_server.api.errors import APIError, error_body
 from leyline_server.api.limits import check_json_depth
 from leyline_server.api.messages_api.blocks import (
@@ -117,7 +118,9 @@ def _chat(body: dict[str, Any]) -> ChatCompletionRequest:
 
 
 @router.post("/v1/messages", response_model=None)
-async def create_message(req: MessagesRequest, key: Owner, pipeline: Pipeline, client_edits: ClientEdits = None) -> Any:
+async def create_message(
+    req: MessagesRequest, key: Owner, pipeline: Pipeline, request: Request, client_edits: ClientEdits = None
+) -> Any:
     """Anthropic's Messages API on the one chat turn (see the module docstring)."""
     prepared = await _prepared(req, key, pipeline)
     turn = await pipeline.open(prepared.request, key, client_edits, recognise=True, cap_max_tokens=True)
@@ -127,8 +130,10 @@ async def create_message(req: MessagesRequest, key: Owner, pipeline: Pipeline, c
     message_id = new_message_id()
     if not req.stream:
         try:
-            await turn.run()
+            await unless_gone(request, turn.run())
             return JSONResponse(_final(turn, req, prepared, message_id), headers=headers)
+        except ClientGone:
+            return Response(status_code=GONE_STATUS)
         finally:
             await turn.close()
     stall = pipeline.service.config.stream_stall_timeout_s

@@ -17,11 +17,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from leyline_sdk.core.fallbacks import FallbackCode
 from leyline_sdk.core.responses_items import ItemError, item_id, output_items, to_messages
 from leyline_server.api.deps import ClientEdits, Owner, Pipeline
+from leyline_server.api.disconnect import GONE_STATUS, ClientGone, unless_gone
 from leyline_server.api.errors import APIError
 from leyline_server.api.limits import check_json_depth
 from leyline_server.api.pipeline import ChatPipeline, OpenTurn
@@ -153,7 +154,10 @@ async def create_response(
     headers = _headers(turn, chat, dropped)
     if not req.stream:
         try:
-            return JSONResponse(await _whole(turn, req, chat, shape, store, key), headers=headers)
+            answer = await unless_gone(request, _whole(turn, req, chat, shape, store, key))
+            return JSONResponse(answer, headers=headers)
+        except ClientGone:
+            return Response(status_code=GONE_STATUS)
         finally:
             await turn.close()
     events = _events(turn, req, chat, shape, store, key)
