@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from leyline_server.api.errors import APIError
 
-__all__ = ["FIELDS", "Field", "refuse_unsupported"]
+__all__ = ["FIELDS", "Field", "refuse_unsupported", "honoured", "noop", "refused"]
 
 Treatment = Literal["honoured", "no-op", "refused"]
 
@@ -31,16 +31,22 @@ class Field:
     defaults: tuple[Any, ...] = (None,)
 
 
-def _h(why: str) -> Field:
+def honoured(why: str) -> Field:
+    """A field the server honours (``why``: how)."""
     return Field("honoured", why)
 
 
-def _noop(why: str) -> Field:
+def noop(why: str) -> Field:
+    """A field accepted and ignored (``why``: why that is harmless)."""
     return Field("no-op", why)
 
 
-def _no(why: str, *defaults: Any) -> Field:
+def refused(why: str, *defaults: Any) -> Field:
+    """A field refused with a 400 unless it is unset or holds one of ``defaults``."""
     return Field("refused", why, (None, *defaults))
+
+
+_h, _noop, _no = honoured, noop, refused
 
 
 _OPENAI = {
@@ -153,8 +159,9 @@ _SGLANG = {
 FIELDS: dict[str, Field] = {**_OPENAI, **_SGLANG}
 
 
-def refuse_unsupported(values: dict[str, Any]) -> None:
-    """400 ``unsupported_parameter`` naming the first refused field that holds more than its default."""
-    for name, rule in FIELDS.items():
+def refuse_unsupported(values: dict[str, Any], table: dict[str, Field] | None = None) -> None:
+    """400 ``unsupported_parameter`` naming the first refused field of ``table`` (default: the chat
+    request's :data:`FIELDS`) that holds more than its default."""
+    for name, rule in (FIELDS if table is None else table).items():
         if rule.treatment == "refused" and name in values and values[name] not in rule.defaults:
             raise APIError(400, "unsupported_parameter", f"{name}: {rule.why}", name)

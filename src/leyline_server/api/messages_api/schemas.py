@@ -14,22 +14,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from leyline_sdk.core.wire import LeylineRequest
 from leyline_server.api.carrier import lift_leyline
-from leyline_server.api.errors import APIError
 from leyline_server.api.fields import Field as FieldRule
+from leyline_server.api.fields import honoured, noop, refuse_unsupported, refused
 
 __all__ = ["MessagesRequest", "CountTokensRequest", "FIELDS", "refuse_unsupported_message_fields"]
 
 
-def _h(why: str) -> FieldRule:
-    return FieldRule("honoured", why)
-
-
-def _noop(why: str) -> FieldRule:
-    return FieldRule("no-op", why)
-
-
-def _no(why: str) -> FieldRule:
-    return FieldRule("refused", why)
+_h, _noop, _no = honoured, noop, refused
 
 
 FIELDS: dict[str, FieldRule] = {
@@ -118,7 +109,4 @@ class MessagesRequest(CountTokensRequest):
 
 def refuse_unsupported_message_fields(req: _Base) -> None:
     """400 naming the first refused field that holds more than its default."""
-    values = req.model_dump(exclude_unset=True)
-    for name, rule in FIELDS.items():
-        if rule.treatment == "refused" and name in values and values[name] not in rule.defaults:
-            raise APIError(400, "unsupported_parameter", f"{name}: {rule.why}", name)
+    refuse_unsupported(req.model_dump(exclude_unset=True, exclude={"messages", "leyline"}), FIELDS)

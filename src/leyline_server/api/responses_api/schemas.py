@@ -15,20 +15,12 @@ from leyline_sdk.core.wire import LeylineRequest
 from leyline_server.api.carrier import lift_leyline
 from leyline_server.api.errors import APIError
 from leyline_server.api.fields import Field as FieldRule
+from leyline_server.api.fields import honoured, noop, refuse_unsupported, refused
 
 __all__ = ["ResponsesRequest", "FIELDS", "refuse_unsupported_response_fields"]
 
 
-def _h(why: str) -> FieldRule:
-    return FieldRule("honoured", why)
-
-
-def _noop(why: str) -> FieldRule:
-    return FieldRule("no-op", why)
-
-
-def _no(why: str, *defaults: Any) -> FieldRule:
-    return FieldRule("refused", why, (None, *defaults))
+_h, _noop, _no = honoured, noop, refused
 
 
 FIELDS: dict[str, FieldRule] = {
@@ -122,9 +114,6 @@ class ResponsesRequest(BaseModel):
 
 def refuse_unsupported_response_fields(req: ResponsesRequest) -> None:
     """400 ``unsupported_parameter`` naming the first refused field that holds more than its default."""
-    values = req.model_dump(exclude_unset=True)
-    for name, rule in FIELDS.items():
-        if rule.treatment == "refused" and name in values and values[name] not in rule.defaults:
-            raise APIError(400, "unsupported_parameter", f"{name}: {rule.why}", name)
+    refuse_unsupported(req.model_dump(exclude_unset=True, exclude={"input", "leyline"}), FIELDS)
     if req.truncation not in (None, "auto", "disabled"):
         raise APIError(400, "invalid_request", "truncation must be 'auto' or 'disabled'", "truncation")
