@@ -2,8 +2,9 @@
 
 A chat request with a 1.3 MB ``response_format`` schema (20,000 ``$defs``: its validation alone
 took ~13 s on the event loop) is in flight; meanwhile ``/health`` and another client's short chat
-must answer. The bound is generous (2 s, against the ~10–24 s freeze measured before): this test
-catches a freeze, not a slowdown.
+must answer. The bounds catch a freeze, not a slowdown: ``/health`` within 2 s (8.3 s before the
+fix; 0.06 s after), the short chat within 5 s (its render and prefill share the interpreter with
+the schema check: 0.1 s on a quiet machine, 2.7 s with a second test run beside it).
 """
 
 from __future__ import annotations
@@ -39,4 +40,4 @@ async def test_a_huge_schema_does_not_freeze_health_or_another_chat(engine):
             assert not slow.done(), "the huge schema was handled within a second: nothing was measured"
             answer = await slow
             assert answer.status_code < 500, answer.text
-    assert health < 2.0 and chat < 2.0, (health, chat)
+    assert health < 2.0 and chat < 5.0, (health, chat)
