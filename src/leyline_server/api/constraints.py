@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from leyline_server.api.errors import APIError
+from leyline_server.api.schema_budget import SchemaBudget
 from leyline_server.api.tools import ToolPlan
 from leyline_server.engines.values import Constraint
 from leyline_server.structured.schema import for_decoding, unenforced
@@ -52,12 +53,18 @@ def _bad(message: str, param: str) -> APIError:
     return APIError(400, "invalid_schema", message, param)
 
 
-def checked_schema(schema: Any, param: str) -> Any:
-    """``schema`` rewritten for decoding, if it is a JSON Schema decoding enforces fully (else 400 naming ``param``)."""
+def checked_schema(schema: Any, param: str, budget: SchemaBudget | None = None) -> Any:
+    """``schema`` rewritten for decoding, if it is a JSON Schema decoding enforces fully (else 400 naming ``param``).
+
+    ``budget``: the request's schema budget, charged first (before the validation, which costs
+    seconds for a megabyte of ``$defs``).
+    """
     import jsonschema
 
     if not isinstance(schema, (dict, bool)):
         raise _bad("a JSON schema must be an object", param)
+    if budget is not None:
+        budget.charge(schema, param)
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as exc:
@@ -68,7 +75,7 @@ def checked_schema(schema: Any, param: str) -> Any:
     return for_decoding(schema)
 
 
-def _response_format(fmt: dict[str, Any] | None) -> tuple[str, Any, str] | None:
+def _response_format(fmt: dict[str, Any] | None, budget: SchemaBudget) -> tuple[str, Any, str] | None:
     """(kind, value, param) of the output constraint ``response_format`` asks for."""
     kind = (fmt or {}).get("type", "text")
     if fmt is None or kind == "text":
@@ -82,11 +89,11 @@ def _response_format(fmt: dict[str, Any] | None) -> tuple[str, Any, str] | None:
         schema = spec.get("schema", True)
         return "json_schema", schema, "response_format.json_schema.schema"
     if kind == "structural_tag":
-        return "structural_tag", _structural(fmt), "response_format"
+        return "structural_tag", _structural(fmt, budget), "response_format"
     raise APIError(400, "unsupported_parameter", f"response_format type {kind!r} is not supported", "response_format")
 
 
-def _structural(fmt: dict[str, Any]) -> dict[str, Any]:
+def _structural(fmt: dict[str, Any], budget: SchemaBudget) -> dict[str, Any]:
     """SGLang's structural-tag response format: xgrammar's own shape, or the legacy structures/triggers one."""
     if "format" in fmt:
         return {"type": "structural_tag", "format": fmt["format"]}
@@ -95,7 +102,7 @@ def _structural(fmt: dict[str, Any]) -> dict[str, Any]:
         raise _bad("a structural_tag needs 'format', or 'structures' and 'triggers'", "response_format")
     tags = []
     for i, s in enumerate(structures):
-        schema = checked_schema(s.get("schema", True), f"response_format.structures.{i}.schema")
+        schema = checked_schema(s.get("schema", True), f"response_format.structures.{i}.schema", budget)
         content = {"type": "json_schema", "json_schema": schema}
         tags.append({"type": "tag", "begin": s.get("begin", ""), "content": content, "end": s.get("end", "")})
     at_least_one = bool(fmt.get("at_least_one", False))
@@ -105,10 +112,12 @@ def _structural(fmt: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _output(response_format: dict[str, Any] | None, regex: str | None, ebnf: str | None) -> tuple[str, Any, str] | None:
+def _output(
+    response_format: dict[str, Any] | None, regex: str | None, ebnf: str | None, budget: SchemaBudget
+) -> tuple[str, Any, str] | None:
     asked = [
         c
-        for c in (_response_format(response_format), ("regex", regex, "regex"), ("ebnf", ebnf, "ebnf"))
+        for c in (_response_format(response_format, budget), ("regex", regex, "regex"), ("ebnf", ebnf, "ebnf"))
         if c and c[1] is not None
     ]
     if len(asked) > 1:
@@ -117,10 +126,10 @@ def _output(response_format: dict[str, Any] | None, regex: str | None, ebnf: str
     return asked[0] if asked else None
 
 
-def grammar_of(schema: Any, param: str) -> str:
+def grammar_of(schema: Any, param: str, budget: SchemaBudget | None = None) -> str:
     """The decoding grammar of a checked JSON schema (400 naming ``param`` when xgrammar refuses it)."""
     try:
-        return json_grammar(checked_schema(schema, param))
+        return json_grammar(checked_schema(schema, param, budget))
     except APIError:
         raise
     except Exception as exc:  # xgrammar's RuntimeError / ValueError
@@ -132,14 +141,14 @@ def _short(exc: BaseException) -> str:
     return text.split(": ", 1)[-1] if text.startswith("[") else text
 
 
-def _tool_specs(plan: ToolPlan) -> list[ToolSpec]:
+def _tool_specs(plan: ToolPlan, budget: SchemaBudget) -> list[ToolSpec]:
     """Each function's arguments grammar: its schema (strict: 400 if impossible; else any object)."""
     specs = []
     for f in plan.functions:
         schema: Any = f.parameters if f.parameters is not None else _OBJECT
         param = f"tools.{f.index}.function.parameters"
         try:
-            grammar = grammar_of(schema, param)
+            grammar = grammar_of(schema, param, budget)
         except APIError:
             if f.strict:
                 raise
@@ -151,11 +160,16 @@ def _tool_specs(plan: ToolPlan) -> list[ToolSpec]:
 def plan_constraint(
     chat: Any, tools: ToolPlan, response_format: dict[str, Any] | None, regex: str | None, ebnf: str | None
 ) -> ConstraintPlan | None:
-    """The request's constraint (``None``: free decoding); 400 naming the field for what cannot be honoured."""
-    output = _output(response_format, regex, ebnf)
+    """The request's constraint (``None``: free decoding); 400 naming the field for what cannot be honoured.
+
+    Every schema it enforces is charged to one :class:`~leyline_server.api.schema_budget.SchemaBudget`
+    before it is validated: past the limits, 400 ``schema_too_complex`` naming the schema.
+    """
+    budget = SchemaBudget()
+    output = _output(response_format, regex, ebnf, budget)
     is_json = output is not None and output[0] == "json_schema"
     if output is not None and is_json:
-        output = ("json_schema", checked_schema(output[1], output[2]), output[2])
+        output = ("json_schema", checked_schema(output[1], output[2], budget), output[2])
     if not (tools.constrained or (tools.parse and is_json)):
         if output is None:
             return None
@@ -181,5 +195,5 @@ def plan_constraint(
             "tool_choice",
         )
     answer = grammar_of(output[1], output[2]) if output is not None else None
-    tag = tool_call_tag(layout, _tool_specs(tools), tools.mode, tools.parallel, answer)
+    tag = tool_call_tag(layout, _tool_specs(tools, budget), tools.mode, tools.parallel, answer)
     return ConstraintPlan(Constraint(kind="structural_tag", value=json.dumps(tag)), "tools")
