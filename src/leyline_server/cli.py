@@ -123,6 +123,10 @@ def _limit_args(parser: argparse.ArgumentParser) -> None:
         "--stream-stall-timeout", type=float, default=60.0,
         help="seconds a stream whose client stopped reading stays paused before it is ended (tokens kept)",
     )  # fmt: skip
+    group.add_argument(
+        "--compile-timeout", type=float, default=10.0,
+        help="seconds a request waits for its grammar (response_format, forced or strict tools) before a 400",
+    )  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -227,6 +231,7 @@ def server_config(args: argparse.Namespace) -> Any:
         max_body_bytes=int(args.max_body_mb * 2**20),
         max_messages=args.max_messages,
         render_timeout_s=args.render_timeout,
+        compile_timeout_s=args.compile_timeout,
         max_concurrent_per_key=args.max_concurrent_per_key,
         kv_share_per_key=args.kv_share_per_key,
         admission_timeout_s=args.admission_timeout,

@@ -5,9 +5,10 @@ own private tag for approximate KV) and a pinned handle on the engine. Ids are u
 (``secrets.token_urlsafe``); another key's session is invisible (``get`` answers ``None`` exactly
 as for an unknown id).
 
-Sessions are bounded, never refused: when a key (or the whole server) is at its cap, opening a
-session drops the least recently used *idle* session (its handle is released and its KV becomes
-ordinary evictable cache); a session in use by a request (``users > 0``) is never dropped, even
+Sessions are bounded, never refused: when a key is at its cap, opening a session drops that key's
+least recently used *idle* session; when the whole server is, the least recently used idle session
+of the key holding the most sessions (its handle is released and its KV becomes ordinary evictable
+cache); a session in use by a request (``users > 0``) is never dropped, even
 if that leaves the store over its cap for a moment. Idle sessions also expire after ``ttl_s``.
 A later request naming a dropped session is served as a new one and told so
 (``base_mismatch``).
@@ -42,6 +43,7 @@ class Session:
     last_used: float = 0.0
     users: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    ended: asyncio.Event = field(default_factory=asyncio.Event)  # set by DELETE: a turn on it stops
     # auto-splice's own record of a plain client's conversation (owned by api.conversations, opaque here)
     auto: Any = None
 
@@ -103,10 +105,23 @@ class SessionStore:
         excess = len(mine) - self.max_per_key + 1
         for session in list(idle_mine)[: max(excess, 0)]:
             self.drop(session)
-        excess = len(self._sessions) - self.max_sessions + 1
-        if excess > 0:
-            for session in [s for s in self._sessions.values() if s.users == 0][:excess]:
-                self.drop(session)
+        for _ in range(len(self._sessions) - self.max_sessions + 1):
+            victim = self._from_largest_key()
+            if victim is None:
+                break
+            self.drop(victim)
+
+    def _from_largest_key(self) -> Session | None:
+        """The least recently used idle session of the key with the most sessions (the global cap is
+        fair: one key's many sessions never push out another key's few)."""
+        counts: dict[str | None, int] = {}
+        for s in self._sessions.values():
+            counts[s.owner] = counts.get(s.owner, 0) + 1
+        for owner in sorted(counts, key=lambda k: -counts[k]):
+            idle = next((s for s in self._sessions.values() if s.owner == owner and s.users == 0), None)
+            if idle is not None:
+                return idle
+        return None
 
     def open(self, owner: str | None, salt: str | None) -> Session:
         """A new, empty session for ``owner`` (making room first); its handle is set by the caller."""

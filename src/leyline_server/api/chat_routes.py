@@ -88,4 +88,4 @@ async def chat_completions(
     include_usage = bool(body.stream_options and body.stream_options.get("include_usage"))
     events = _events(turn, completion, include_usage)
     stall = pipeline.service.config.stream_stall_timeout_s
-    return ClosingStream(events, turn.close, stall, media_type="text/event-stream", headers=headers)
+    return ClosingStream(events, turn.close, stall, turn.ended, media_type="text/event-stream", headers=headers)

@@ -18,7 +18,8 @@ class ServerConfig:
     one tenant), a wait of at most ``admission_timeout_s`` before a 429, and streams whose client
     stops reading ended after ``stream_stall_timeout_s``. Rendering (see
     :mod:`leyline_server.api.render`): at most ``max_messages`` messages, ``CHARS_PER_TOKEN``
-    characters per token of context, ``render_timeout_s`` seconds.
+    characters per token of context, ``render_timeout_s`` seconds. Constraints (see
+    :mod:`leyline_server.api.compiles`): a compile answers within ``compile_timeout_s``.
     """
 
     model_name: str
@@ -39,6 +40,7 @@ class ServerConfig:
     max_messages: int = 2048
     render_timeout_s: float = 10.0
     render_threads: int = 4
+    compile_timeout_s: float = 10.0
     max_concurrent_per_key: int = 64
     kv_share_per_key: float = 0.5
     admission_timeout_s: float = 30.0
@@ -53,6 +55,7 @@ class ServerConfig:
             "max_messages": self.max_messages,
             "render_timeout_s": self.render_timeout_s,
             "render_threads": self.render_threads,
+            "compile_timeout_s": self.compile_timeout_s,
             "max_concurrent_per_key": self.max_concurrent_per_key,
             "stream_stall_timeout_s": self.stream_stall_timeout_s,
             "responses_per_key": self.responses_per_key,

@@ -67,10 +67,12 @@ async def get_session(session_id: str, key: Owner, service: Service) -> dict[str
 
 @router.delete("/sessions/{session_id}")
 async def delete_session(session_id: str, key: Owner, service: Service) -> dict[str, Any]:
-    """Close a session (its KV becomes ordinary evictable cache)."""
+    """Close a session (its KV becomes ordinary evictable cache); a turn decoding on it stops at
+    its next step (a stream ends, read or not) and keeps what it generated until the drop."""
     session = service.get_session(session_id, key)
+    session.ended.set()
     async with service.sessions.use(session):
-        pass  # wait for requests in flight on it
+        pass  # the turn in flight on it has ended
     service.sessions.drop(session)
     return {"id": session_id, "object": "leyline.session.deleted", "deleted": True}
 

@@ -7,9 +7,13 @@ next starts:
 
 1. **check** — model, fields, content, tools (cheap, before anything is admitted);
 2. **admit** — a slot of the key's share (:mod:`.admission`);
-3. **constrain** — the output constraint, compiled (a bad one is a 400 naming its field);
-4. **render** — the prompt, off the event loop, and for a plain client the conversation it
-   continues, even after the client edited it (:mod:`.render`, :mod:`.conversations`);
+3. **render** — the prompt, off the event loop, and for a plain client the conversation it
+   continues, even after the client edited it (:mod:`.render`, :mod:`.conversations`); then the
+   length check (prompt + completion within the context);
+4. **constrain** — the output constraint: its schemas within the request's budget
+   (:mod:`.schema_budget`), then validated and compiled off the event loop, one compile in flight
+   per key, answered within ``--compile-timeout`` (:mod:`.compiles`; a bad one is a 400 naming
+   its field);
 5. **choose the session** — the extension's, the recognised conversation's, or none (a plain
    request: the prefix cache alone) (:mod:`.session_choice`);
 6. **reserve** — the turn's KV on the admission ticket (:mod:`.room`);
@@ -90,7 +94,7 @@ class OpenTurn:
                     reason = step.finish_reason
                     entry = logprob_entry(service.tokenizer, step) if params.logprobs else None
                     yield Delta(text, entry)
-                    if decoder.stopped:
+                    if decoder.stopped or (self.ended is not None and self.ended.is_set()):
                         break
         except CapacityError as exc:  # the pool ran out mid-decode: no room, not a bug
             raise APIError(503, FallbackCode.CAPACITY.value, f"the KV pool ran out while decoding: {exc}") from exc
@@ -99,6 +103,11 @@ class OpenTurn:
         chat = self.chat
         if chat.auto is not None and chat.session is not None:  # the reply recognises the next request
             service.conversations.replied(chat.session, self.outcome.message)
+
+    @property
+    def ended(self) -> asyncio.Event | None:
+        """Set when the turn's session is deleted: decoding stops, a stream ends (``None``: no session)."""
+        return self.chat.session.ended if self.chat.session is not None else None
 
     async def run(self) -> Outcome:
         """Decode to the end without showing anything (a whole answer); the outcome."""
@@ -182,13 +191,13 @@ class ChatPipeline:
         stack = AsyncExitStack()
         try:
             ticket = await stack.enter_async_context(service.admission.slot(owner))  # 2. admit
-            constraint = await self._constrain(req, tools)  # 3. constrain
             hints = hints_of(req)
             prompt = await service.prompt(owner, req.messages, req.tools, req.leyline, shape, hints, mode, recognise)
             capped = _capped(req, len(prompt.tokens), service.context_tokens) if cap_max_tokens else None
             if capped is not None:
                 req = req.model_copy(update={"max_tokens": capped, "max_completion_tokens": None})
-            params = self._sampling(req, prompt, constraint)
+            params = self._sampling(req, prompt)  # 3. the length check
+            params.constraint = await self._constrain(req, tools, owner)  # 4. constrain
             decoder = self._decoder(req, params, tools)
             chat = await self._start(stack, req, owner, prompt, ticket, params.max_tokens)  # 5.–7.
         except BaseException:
@@ -213,26 +222,27 @@ class ChatPipeline:
         check_content(req.messages)
         return plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
 
-    async def _constrain(self, req: ChatCompletionRequest, tools: ToolPlan) -> Constraint | None:
+    async def _constrain(self, req: ChatCompletionRequest, tools: ToolPlan, owner: str | None) -> Constraint | None:
         """The output constraint, compiled once here so that a bad one is a 400 naming its field.
 
-        Planning validates the schema (jsonschema: seconds for a megabyte of ``$defs``), so it runs
-        off the event loop, as the compile does.
+        Planning charges the schemas to the request's budget, then validates them (jsonschema:
+        seconds for a megabyte of ``$defs``), so it runs off the event loop; the compile goes
+        through the key's turn at the compile gate.
         """
         chat = self.service.chat
         plan = await asyncio.to_thread(plan_constraint, chat, tools, req.response_format, req.regex, req.ebnf)
         if plan is None:
             return None
         try:
-            await self.service.engine.check_constraint(plan.constraint)
+            await self.service.compiles.check(owner, plan.constraint, plan.param)
         except ConstraintError as exc:
             raise APIError(400, "invalid_constraint", str(exc), plan.param) from exc
         return plan.constraint
 
-    def _sampling(self, req: ChatCompletionRequest, prompt: Prompt, constraint: Constraint | None) -> SamplingParams:
+    def _sampling(self, req: ChatCompletionRequest, prompt: Prompt) -> SamplingParams:
         service = self.service
         vocab = service.engine.info.vocab_size
-        params = sampling_params(req, len(prompt.tokens), service.context_tokens, vocab, constraint)
+        params = sampling_params(req, len(prompt.tokens), service.context_tokens, vocab)
         if req.max_tokens is None and req.max_completion_tokens is None and service.config.default_max_tokens:
             params.max_tokens = min(params.max_tokens, service.config.default_max_tokens)
         return params

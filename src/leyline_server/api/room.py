@@ -1,7 +1,8 @@
 """Room in the KV pool: reservations before allocation, idle cache shed when it is needed.
 
 Requests in flight hold reservations (:mod:`.admission`); idle sessions and blocks hold pinned KV
-that nobody is using. :meth:`Room.reserve` takes a reservation and then keeps the invariant
+that nobody is using: cache, shed fairly (the key holding the most idle KV first, its least
+recently used item first; :meth:`Room.shed`). :meth:`Room.reserve` takes a reservation and then keeps the invariant
 *idle pinned KV + every reservation fits the pool* by dropping least recently used idle sessions,
 so an admitted request never finds the pool taken by idle cache mid-decode (an engine that parks
 idle sequences out of the pool, llama.cpp, makes that room itself). :meth:`Room.retry` is the one
@@ -11,6 +12,7 @@ idle sequences out of the pool, llama.cpp, makes that room itself). :meth:`Room.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import TypeVar
 
 from leyline_sdk.core.fallbacks import FallbackCode
@@ -33,21 +35,39 @@ class Room:
         self.engine, self.sessions, self.blocks, self.admission = engine, sessions, blocks, admission
 
     def shed(self, tokens: int, keep: Session | None = None) -> bool:
-        """Drop least recently used idle sessions holding at least ``tokens`` cached tokens.
+        """Drop idle cache holding at least ``tokens`` KV tokens, fairly between keys.
 
-        Sessions are cache handles: the oldest make room (a later request on one falls back to
-        ``base_mismatch``); one in use is never dropped. ``False`` if none could go.
+        Idle cache is every session no request is using and every block no request is reading.
+        Each drop takes the least recently used item of the key that holds the most idle KV
+        now, so one key's sessions or blocks cannot push out another key's smaller cache (a
+        later request on a dropped session falls back to ``base_mismatch``; a directive naming
+        a dropped block is refused and recomputed). ``keep`` (the session the request continues)
+        is never dropped. ``False`` if nothing could go.
         """
+        holdings = self._idle(keep)
         freed, dropped = 0, False
-        for session in self.sessions.all():
-            if freed >= tokens:
-                break
-            if session is keep or session.users or session.handle is None:
-                continue
-            freed += session.handle.cached
-            self.sessions.drop(session)
+        while freed < tokens and holdings:
+            owner = max(holdings, key=lambda k: sum(size for _, size, _ in holdings[k]))
+            _, size, drop = holdings[owner].pop(0)
+            if not holdings[owner]:
+                del holdings[owner]
+            drop()
+            freed += size
             dropped = True
         return dropped
+
+    def _idle(self, keep: Session | None) -> dict[str | None, list[tuple[float, int, Callable[[], None]]]]:
+        """Each key's idle cache as (last used, tokens, drop), least recently used first."""
+        out: dict[str | None, list[tuple[float, int, Callable[[], None]]]] = {}
+        for s in self.sessions.all():
+            if s is not keep and not s.users and s.handle is not None:
+                out.setdefault(s.owner, []).append((s.last_used, s.handle.cached, partial(self.sessions.drop, s)))
+        for b in self.blocks.all():
+            if not b.users:
+                out.setdefault(b.owner, []).append((b.last_used, len(b.handle.tokens), partial(self.blocks.drop, b)))
+        for items in out.values():
+            items.sort(key=lambda item: item[0])
+        return out
 
     async def reserve(self, ticket: Ticket, tokens: int, keep: Session | None = None) -> None:
         """Reserve ``tokens`` of KV for the request, then make sure they are there (idle sessions

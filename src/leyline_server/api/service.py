@@ -27,6 +27,7 @@ from leyline_sdk.core.directives import Directive, Mode, digest
 from leyline_sdk.core.fallbacks import FallbackCode
 from leyline_sdk.core.wire import BaseRef, FallbackInfo, LeylineRequest, LeylineResult
 from leyline_server.api.admission import Admission, Ticket
+from leyline_server.api.compiles import CompileGate
 from leyline_server.api.config import ServerConfig
 from leyline_server.api.conversations import Conversations, Prompt, RecognisedTurn
 from leyline_server.api.errors import APIError
@@ -84,6 +85,7 @@ class LeylineService:
             config.admission_timeout_s,
         )
         self.room = Room(engine, self.sessions, self.blocks, self.admission)
+        self.compiles = CompileGate(engine.check_constraint, engine.constraint_ready, config.compile_timeout_s)
 
     # -- checks -----------------------------------------------------------------------------------
     @property

@@ -11,7 +11,7 @@ import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
-__all__ = ["ClosingStream", "StreamStalled"]
+__all__ = ["ClosingStream", "StreamStalled", "StreamEnded"]
 
 log = logging.getLogger("leyline.api")
 
@@ -20,12 +20,17 @@ class StreamStalled(Exception):
     """The client stopped reading: a send waited past the stall timeout."""
 
 
+class StreamEnded(Exception):
+    """The stream's ``ends`` event was set (its session was deleted)."""
+
+
 class ClosingStream(StreamingResponse):
     """A streaming response that always runs ``on_close`` — finished, abandoned or never iterated.
 
     A client that stops reading pauses the stream (its sends wait; decoding stops ``RUN_AHEAD``
     steps later); past ``stall_timeout_s`` the stream is ended: the connection is closed and
-    ``on_close`` commits what was generated, as for a client that went away.
+    ``on_close`` commits what was generated, as for a client that went away. ``ends`` (its
+    session's deletion) ends it the same way at once, even while a send waits on the client.
     """
 
     def __init__(
@@ -33,24 +38,49 @@ class ClosingStream(StreamingResponse):
         content: AsyncIterator[str],
         on_close: Callable[[], Awaitable[Any]],
         stall_timeout_s: float | None = None,
+        ends: asyncio.Event | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(content, **kwargs)
         self._content = content
         self._on_close = on_close
         self._stall_timeout_s = stall_timeout_s
+        self._ends = ends
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def send_or_stall(message: Message) -> None:
+    async def _send(self, send: Send, message: Message) -> None:
+        """``send(message)``: :class:`StreamStalled` past the stall timeout, :class:`StreamEnded` once ends."""
+        if self._ends is None:
             try:
                 await asyncio.wait_for(send(message), self._stall_timeout_s)
             except asyncio.TimeoutError as exc:
                 raise StreamStalled from exc
+            return
+        if self._ends.is_set():
+            raise StreamEnded
+        sending, ended = asyncio.ensure_future(send(message)), asyncio.ensure_future(self._ends.wait())
+        try:
+            done, _ = await asyncio.wait({sending, ended}, timeout=self._stall_timeout_s, return_when="FIRST_COMPLETED")
+        finally:
+            ended.cancel()
+            if not sending.done():
+                sending.cancel()
+        if sending in done:
+            sending.result()
+        elif ended in done:
+            raise StreamEnded
+        else:
+            raise StreamStalled
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_or_end(message: Message) -> None:
+            await self._send(send, message)
 
         try:
-            await super().__call__(scope, receive, send_or_stall)
+            await super().__call__(scope, receive, send_or_end)
         except StreamStalled:
             log.warning("stream ended: the client read nothing for %g s", self._stall_timeout_s)
+        except StreamEnded:
+            log.info("stream ended: its session was deleted")
         finally:
             # A client that went away cancels this task, and anyio's cancellation is re-raised at
             # every await: shielded, the clean-up runs to its end (the engine commits what was

@@ -150,6 +150,10 @@ class Engine(Protocol):
         """Raise :class:`ConstraintError` unless ``constraint`` can be compiled (before a turn starts)."""
         ...
 
+    def constraint_ready(self, constraint: Constraint) -> bool:
+        """Whether :meth:`check_constraint` would answer at once (compiled already, or nothing to compile)."""
+        ...
+
     def stream(self, turn: Turn, params: SamplingParams) -> AsyncGenerator[GenerationStep, None]:
         """Decode after ``turn``; closing early keeps what was generated. Ends with ``turn.handle``
         holding prompt + generated tokens."""

@@ -98,6 +98,11 @@ class GrammarBackend:
             return compiler.compile_grammar(value)
         return compiler.compile_structural_tag(value)
 
+    def cached(self, constraint: Constraint) -> bool:
+        """Whether ``constraint``'s grammar is in the cache (a :meth:`compile` would return at once)."""
+        with self._lock:
+            return constraint in self._compiled
+
     def compile(self, constraint: Constraint) -> Any:
         """xgrammar's compiled grammar for ``constraint``; :class:`ConstraintError` when it cannot be built.
 

@@ -48,10 +48,11 @@ from leyline_server.engines.values import (
 )
 from leyline_server.splice import SpliceReport, splice
 
-__all__ = ["Worker", "ThreadedEngine", "RUN_AHEAD"]
+__all__ = ["Worker", "ThreadedEngine", "RUN_AHEAD", "COMPILE_THREADS"]
 
 T = TypeVar("T")
 RUN_AHEAD = 16  # decode steps a stream may compute before its consumer takes them
+COMPILE_THREADS = 4  # grammars compiling at once (one per key: ``api.compiles``)
 _MORE = object()  # a run-ahead job gave the thread up: the consumer queues the next one
 
 
@@ -168,6 +169,7 @@ class ThreadedEngine(Generic[StageT]):
         self.tokenizer = tokenizer
         self.worker = Worker(name)
         self._grammar: GrammarBackend | None = None
+        self._compiles = ThreadPoolExecutor(max_workers=COMPILE_THREADS, thread_name_prefix=f"{name}-compile")
 
     @property
     def grammar(self) -> GrammarBackend:
@@ -180,8 +182,17 @@ class ThreadedEngine(Generic[StageT]):
         return self._grammar
 
     async def check_constraint(self, constraint: Constraint) -> None:
-        """Compile ``constraint`` off the event loop (cached for the turn); :class:`ConstraintError` if impossible."""
-        await asyncio.to_thread(self.grammar.compile, constraint)
+        """Compile ``constraint`` on a compile thread (cached for the turn); :class:`ConstraintError` if impossible.
+
+        The compile threads are the engine's own (``COMPILE_THREADS``), apart from the event loop's
+        default executor, so that compiles never delay other work handed to threads.
+        """
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._compiles, self.grammar.compile, constraint)
+
+    def constraint_ready(self, constraint: Constraint) -> bool:
+        """Whether ``constraint``'s grammar is compiled already."""
+        return self._grammar is not None and self._grammar.cached(constraint)
 
     def processors(self, params: SamplingParams) -> Processors | None:
         """The logits processors ``params`` ask for: ``min_tokens``, then the constraint's grammar."""
@@ -241,6 +252,7 @@ class ThreadedEngine(Generic[StageT]):
     async def close(self) -> None:
         """Stop the engine thread (queued releases run first), then let the core free its memory."""
         self.worker.shutdown()
+        self._compiles.shutdown(wait=False, cancel_futures=True)  # a compile in flight ends on its own
         self.core.close()
 
 

@@ -138,7 +138,7 @@ async def create_message(
             await turn.close()
     stall = pipeline.service.config.stream_stall_timeout_s
     events = _events(turn, req, prepared, message_id)
-    return ClosingStream(events, turn.close, stall, media_type="text/event-stream", headers=headers)
+    return ClosingStream(events, turn.close, stall, turn.ended, media_type="text/event-stream", headers=headers)
 
 
 def _management(prepared: MessagesInput) -> dict[str, Any] | None:

@@ -162,7 +162,7 @@ async def create_response(
             await turn.close()
     events = _events(turn, req, chat, shape, store, key)
     stall = pipeline.service.config.stream_stall_timeout_s
-    return ClosingStream(events, turn.close, stall, media_type="text/event-stream", headers=headers)
+    return ClosingStream(events, turn.close, stall, turn.ended, media_type="text/event-stream", headers=headers)
 
 
 async def _nothing() -> None:

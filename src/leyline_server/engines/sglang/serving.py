@@ -99,6 +99,10 @@ class AsyncSGLangEngine:
         """Nothing to check here: SGLang compiles the constraint itself and aborts a request whose
         grammar it cannot build (the stream then fails with SGLang's message)."""
 
+    def constraint_ready(self, constraint: Constraint) -> bool:
+        """Always: nothing is compiled here."""
+        return True
+
     def stream(self, turn: Turn, params: SamplingParams) -> AsyncGenerator[GenerationStep, None]:
         """Decode after ``turn`` with SGLang; ``turn.handle`` ends pinned on prompt + generated."""
         return self._stream(turn, params)
