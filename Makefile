@@ -84,7 +84,7 @@ test-fast: $(STAMP)
 # (one per benchmark, indexed in docs/results/README.md) are written by hand and link their table,
 # so nothing here writes them. About 1.5 hours on 2 cores, the real-model ones (agreement, notes,
 # replay, vs_llamacpp) most of it. One alone: $(PY) benchmarks/bench_X.py --help.
-BENCHES ?= diff sdk_turn radix rotate drift reasoning engine speed agreement notes replay vs_llamacpp idle_sessions
+BENCHES ?= diff sdk_turn radix rotate drift reasoning engine speed detokenize agreement notes replay vs_llamacpp idle_sessions
 bench: SHELL := /bin/bash
 bench: $(STAMP)
 	@mkdir -p docs/results/tables

