@@ -87,7 +87,8 @@ async def test_one_keys_compiles_do_not_hold_back_health_or_another_key(engine):
     with serve(svc) as url:
         async with httpx.AsyncClient(base_url=url, timeout=120) as c:
             a, b = auth("key-a"), auth("key-b")
-            assert (await c.post("/v1/chat/completions", json=chat(optional_props(2, "w")), headers=b)).status_code == 200
+            warm = await c.post("/v1/chat/completions", json=chat(optional_props(2, "w")), headers=b)
+            assert warm.status_code == 200, warm.text
             heavy = [
                 asyncio.create_task(c.post("/v1/chat/completions", json=chat(near_limit(f"a{i}")), headers=a))
                 for i in range(3)
