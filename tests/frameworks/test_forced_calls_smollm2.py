@@ -9,6 +9,7 @@ through ``AsyncLeyline``; no call framing may reach the message content.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Literal
 
@@ -89,3 +90,29 @@ async def test_a_forced_call_cut_by_the_length_limit_leaks_no_framing(client):
                                                    tools=[tool], tool_choice="required", max_tokens=max_tokens,
                                                    temperature=0)  # fmt: skip
         assert "<tool_call>" not in (out.choices[0].message.content or ""), out.choices[0].message
+
+
+async def test_allowed_tools_and_strict_arguments_on_a_template_without_call_syntax(client):
+    import jsonschema
+
+    weather = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]},
+               "unit": {"type": "string", "enum": ["C", "F"]}}, "required": ["city", "unit"],
+               "additionalProperties": False}  # fmt: skip
+    tools = [
+        {"type": "function", "function": {"name": "get_weather", "parameters": weather, "strict": True}},
+        {"type": "function", "function": {"name": "read_file", "parameters": {
+            "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}},
+    ]  # fmt: skip
+    allowed = {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
+        {"type": "function", "function": {"name": "read_file"}}]}}  # fmt: skip
+    choices = [(allowed, "read_file"), ({"type": "function", "function": {"name": "get_weather"}}, "get_weather")]
+    for tool_choice, name in choices:
+        out = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}],
+                                                   tools=tools, tool_choice=tool_choice, max_tokens=96,
+                                                   temperature=0)  # fmt: skip
+        message = out.choices[0].message
+        assert message.tool_calls and {c.function.name for c in message.tool_calls} == {name}, message
+        assert "<tool_call>" not in (message.content or "")
+        if name == "get_weather":  # strict: the arguments validate against the schema
+            for call in message.tool_calls:
+                jsonschema.validate(json.loads(call.function.arguments), weather)
