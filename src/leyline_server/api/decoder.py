@@ -18,7 +18,8 @@ the tokens; where that cannot be relied on, push decodes all the tokens each tim
 did: a tokenizer that cleans up spaces across tokens, stop strings that are empty or hold U+FFFD,
 every push after a stop, and every later decoder of a tokenizer whose streamed text once differed
 from the whole decode (checked in :meth:`~TextDecoder.outcome`); and a push whose window rewrote the
-chunk before it (byte fallback does, while a character's bytes are coming) decodes everything once.
+chunk before it (byte fallback does, while a character's bytes are coming), or whose new text holds bytes
+that make no character (U+FFFD before its end), decodes everything once.
 :meth:`~TextDecoder.outcome` and :meth:`~TextDecoder.rest` decode all the tokens once each.
 """
 
@@ -134,6 +135,8 @@ class TextDecoder:
         if not new.startswith(self._prefix):  # the new token rewrote the committed chunk's text
             return self._push_rewritten()
         tail, before = new[len(self._prefix) :], self._done
+        if PARTIAL in tail.rstrip(PARTIAL):  # bytes that make no character: their text depends on context
+            return self._push_rewritten()
         self._tail = tail
         region, base = self._recent + tail, before - len(self._recent)  # the text from ``base`` on
         cut = self._cut_new(region, base, before)
@@ -240,6 +243,8 @@ class TextDecoder:
     def _check(self, decoded: str) -> None:
         """Distrust the tokenizer if the text the window pushes saw is not the whole decode."""
         if self._whole or self._tail is None or not self.ids or len(self.ids) != self._pushed:
+            return
+        if self._tail.endswith(PARTIAL):  # a character cut short: byte fallback may space it otherwise
             return
         if "".join(self._chunks) + self._tail != decoded:
             log.warning("streamed text differed from the whole decode; decoding every token from now on")

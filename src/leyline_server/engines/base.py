@@ -47,6 +47,7 @@ from leyline_server.engines.values import (
 
 if TYPE_CHECKING:
     from leyline_sdk.core.directives import KeptRun
+    from leyline_server.engines.jobs import Chunk, DecodeJob, PrefillJob, StepFailures
     from leyline_server.engines.logits import Processors
     from leyline_server.splice.report import SpliceReport
 
@@ -106,7 +107,51 @@ class SpliceBackend(Protocol[StageT]):
 
 class SyncCore(SpliceBackend[StageT], Protocol[StageT]):
     """A synchronous engine core that runs on one thread (embedded, llama.cpp): the splice
-    primitives plus decoding, behind :class:`~leyline_server.engines.threaded.ThreadedEngine`."""
+    primitives plus batched steps (prefill chunks and decode tokens of many sequences in one
+    forward), driven by :class:`~leyline_server.engines.scheduler.Scheduler` behind
+    :class:`~leyline_server.engines.threaded.ThreadedEngine`. The jobs' lives are drawn in
+    :mod:`leyline_server.engines.jobs`.
+
+    ``prefill`` (from :class:`SpliceBackend`) and ``decode`` are the same primitives driven for one
+    sequence (:mod:`leyline_server.engines.stepping`): the splice executor, tests and benchmarks
+    use them.
+    """
+
+    def start_prefill(self, tokens: Sequence[int], scope: CacheScope, previous: Handle | None = None) -> PrefillJob:
+        """Match and lock the longest prefix of ``tokens`` cached in ``scope`` (or take over
+        ``previous``'s cache); compute nothing yet. At least the last token is left to compute."""
+        ...
+
+    def forward(self, chunks: Sequence[Chunk], decodes: Sequence[DecodeJob]) -> StepFailures:
+        """One step: each chunk's next tokens and each decode's ``pending`` token, in one forward
+        where the engine can. A chunk that completes its job sets ``job.logits``; each decode gets
+        the logits its next ``sample`` reads (valid until the next ``forward``). Jobs that could not
+        be advanced (:class:`CapacityError`) are returned with their error; the others advanced."""
+        ...
+
+    def finish_prefill(self, job: PrefillJob) -> Prefilled:
+        """Cache the prefilled sequence as a locked handle; ``job.previous`` is released."""
+        ...
+
+    def abort_prefill(self, job: PrefillJob) -> None:
+        """Give back what ``job`` took (``job.previous`` stays with the caller)."""
+        ...
+
+    def start_decode(
+        self, handle: Handle, last_logits: Logits, params: SamplingParams, processors: Processors | None = None
+    ) -> DecodeJob:
+        """A decode job after ``handle`` (``last_logits``: its prefill's)."""
+        ...
+
+    def sample(self, job: DecodeJob) -> GenerationStep:
+        """The next token from ``job``'s logits (``finish_reason`` set, and ``job.finished``, when
+        it ends the stream; otherwise it becomes ``job.pending``)."""
+        ...
+
+    def finish_decode(self, job: DecodeJob, delivered: int) -> None:
+        """Keep the first ``delivered`` generated tokens on ``job.handle`` (KV for all but one
+        not computed yet); drop the KV of any generated after them."""
+        ...
 
     def decode(
         self,
