@@ -17,16 +17,16 @@ PROMPT = BASE[:48]
 
 
 def _tracking(core):
-    """Record the longest the session's sequence ever got (proof that decoding ran ahead)."""
+    """Record the longest a decoding sequence ever got (proof that decoding ran ahead)."""
     longest = [0]
-    extend = core.cache.extend
+    forward = core.forward
 
-    def tracked(entry, tokens, want_logits, copy=True):
-        out = extend(entry, tokens, want_logits, copy)
-        longest[0] = max(longest[0], entry.cached)
+    def tracked(chunks, decodes):
+        out = forward(chunks, decodes)
+        longest[0] = max([longest[0], *(job.entry.cached for job in decodes)])
         return out
 
-    core.cache.extend = tracked
+    core.forward = tracked
     return longest
 
 
@@ -40,12 +40,12 @@ async def test_a_stream_closed_early_commits_only_what_the_client_received(tiny1
     for _ in range(200):  # let the worker run ahead of this (now idle) consumer
         if longest[0] > len(PROMPT) + 3:
             break
-        await front.worker.call(lambda: None)
+        await front.scheduler.call(lambda: None)
     await stream.aclose()
     assert longest[0] > len(PROMPT) + 3, "the worker never decoded ahead: the trim path went untested"
     handle = turn.handle
     assert handle.tokens == PROMPT + got and turn.generated == got
-    await front.worker.call(core.check, handle)  # the sequence ends where the handle says
+    await front.scheduler.call(core.check, handle)  # the sequence ends where the handle says
     assert handle.cached == len(handle.tokens)  # KV for every delivered token, nothing past it
 
     follow = handle.tokens + [5, 6, 7]
@@ -69,6 +69,6 @@ async def test_a_finished_stream_commits_every_token_and_matches_the_sync_core(t
     assert [s.token for s in steps] == expected and steps[-1].finish_reason == "length"
     assert turn.handle.tokens == PROMPT + expected
     assert turn.handle.cached == len(turn.handle.tokens) - 1  # the last token has no KV yet
-    await front.worker.call(core.check, turn.handle)
+    await front.scheduler.call(core.check, turn.handle)
     front.release(turn.handle)
     await front.close()

@@ -177,17 +177,23 @@ class Engine(Protocol):
     @property
     def info(self) -> ModelInfo: ...
 
-    async def open(self, tokens: Sequence[int], scope: CacheScope) -> Handle:
-        """Prefill ``tokens`` and return them pinned (a new session's base)."""
+    async def open(self, tokens: Sequence[int], scope: CacheScope, owner: str | None = None) -> Handle:
+        """Prefill ``tokens`` and return them pinned (a new session's base); ``owner``: the key."""
         ...
 
     async def start_turn(
-        self, prompt: Sequence[int], scope: CacheScope, session: Handle | None, splice: SpliceRequest | None
+        self,
+        prompt: Sequence[int],
+        scope: CacheScope,
+        session: Handle | None,
+        splice: SpliceRequest | None,
+        owner: str | None = None,
     ) -> Turn:
         """Splice ``session`` if asked (falling back as the report says), then prefill ``prompt``.
 
         ``session`` is consumed unless ``SpliceError`` (strict) is raised; after any other error
-        (``CapacityError``) it has been released.
+        (``CapacityError``) it has been released. ``owner``: the key whose turn it is (an engine
+        that schedules lets keys take turns; ``Turn.owner``).
         """
         ...
 

@@ -8,7 +8,7 @@ what is declared here.
 A prefill job's life: ``start_prefill`` (the longest cached prefix is matched and locked, nothing
 computed) → ``forward`` of chunks until ``left`` is 0 (``logits`` then holds the last token's
 row) → ``finish_prefill`` (the sequence cached and pinned, ``previous`` released) or
-``abort_prefill`` (everything the job took given back, ``previous`` released too).
+``abort_prefill`` (everything the job took given back; ``previous`` stays with the caller).
 
 A decode job's life: ``start_decode`` → ``sample`` (the next token from the current logits; it
 becomes ``pending`` unless it ended the stream) → ``forward`` (``pending``'s KV computed, new
@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
+
+from typing_extensions import Self
 
 from leyline_server.engines.logits import Processors
 from leyline_server.engines.values import CacheScope, Handle, Logits, SamplingParams
@@ -40,6 +42,13 @@ class PrefillJob:
     done: int = 0
     logits: Logits = None  # the last token's logits row, once ``left`` is 0 (an owned copy)
 
+    @classmethod
+    def of(cls, job: PrefillJob) -> Self:
+        """``job`` as this engine's own job type (``cls``); ``TypeError`` for another engine's."""
+        if not isinstance(job, cls):
+            raise TypeError(f"not a prefill job of this engine: a {type(job).__name__}, not a {cls.__name__}")
+        return job
+
     @property
     def left(self) -> int:
         """Tokens still to compute."""
@@ -57,6 +66,13 @@ class DecodeJob:
     pending: int | None = None  # sampled, KV not computed yet (the next forward computes it)
     finished: bool = False
     logits: Logits = None  # the row the next ``sample`` reads (engine-specific form)
+
+    @classmethod
+    def of(cls, job: DecodeJob) -> Self:
+        """``job`` as this engine's own job type (``cls``); ``TypeError`` for another engine's."""
+        if not isinstance(job, cls):
+            raise TypeError(f"not a decode job of this engine: a {type(job).__name__}, not a {cls.__name__}")
+        return job
 
     @property
     def position(self) -> int:

@@ -11,6 +11,12 @@ new states to a :class:`~leyline_server.engines.embedded.mirror.Mirror` (contigu
 and writes them through to the pool's rows. The layers are full-attention caches; for a model
 with sliding-window layers, transformers builds the sliding mask from the config's layer types,
 so full KV plus that mask gives the model's own logits (tested past the window).
+
+Several sequences in one forward (:func:`forward_packed`, the scheduler's batched step): their
+new tokens are packed into one row ``[1, N]`` (each with its own position), so every projection
+and MLP runs once over all of them; attention runs per sequence over that sequence's own mirror,
+through the model's own attention function (``eager`` or ``sdpa``) called once per sequence with
+the causal mask transformers would build for it alone (:mod:`.packed`).
 """
 
 from __future__ import annotations

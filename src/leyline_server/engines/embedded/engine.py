@@ -20,12 +20,15 @@ import torch
 from leyline_sdk.core.directives import KeptRun
 from leyline_server.engines.config import DEFAULT_ROTATION_BUDGET, context_window
 from leyline_server.engines.config import canary_tolerance as canary_tolerance_of
+from leyline_server.engines.embedded import batch
+from leyline_server.engines.embedded.batch import Pinned, SlotDecode, SlotPrefill
 from leyline_server.engines.embedded.cache_adapter import check_layer_types, forward_with_slots, layer0_keys
 from leyline_server.engines.embedded.mirror import MirrorStore
 from leyline_server.engines.embedded.pool import SlotPool
-from leyline_server.engines.embedded.radix import Node, RadixCache
-from leyline_server.engines.embedded.sampling import Sampler
+from leyline_server.engines.embedded.radix import RadixCache
+from leyline_server.engines.jobs import Chunk, DecodeJob, PrefillJob, StepFailures
 from leyline_server.engines.logits import Processors
+from leyline_server.engines.stepping import decode_steps, prefill_whole
 from leyline_server.engines.values import (
     SHARED,
     CacheScope,
@@ -44,14 +47,6 @@ __all__ = ["EmbeddedEngine", "Pinned", "SlotStage"]
 
 
 @dataclass
-class Pinned(Handle):
-    """A handle whose cached tokens sit in ``slots`` on the locked radix path ending at ``node``."""
-
-    slots: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
-    node: Node | None = None
-
-
-@dataclass
 class SlotStage:
     """A sequence under construction: its slots so far (``-1``: not staged) and what it allocated."""
 
@@ -62,11 +57,6 @@ class SlotStage:
         if n > self.slots.numel():
             pad = torch.full((n - self.slots.numel(),), -1, dtype=torch.int64)
             self.slots = torch.cat([self.slots, pad])
-
-
-def _exact_after(handle_exact: int, handle_cached: int, length: int) -> int:
-    """Exact tokens of a sequence extended from a cached one: all of them iff the base was exact."""
-    return length if handle_exact >= handle_cached else handle_exact
 
 
 class EmbeddedEngine:
@@ -187,27 +177,19 @@ class EmbeddedEngine:
         """Every slot free, owned by one node, or in flight — exactly once (tests call this)."""
         self.radix.check_integrity(self.pool.capacity, self.pool.free_slots(), self.in_flight)
 
-    # -- prefill and decode ---------------------------------------------------------------------
+    # -- prefill and decode (one sequence: engines.stepping; batched steps: embedded.batch) -----------
     def prefill(self, tokens: Sequence[int], scope: CacheScope = SHARED, previous: Handle | None = None) -> Prefilled:
         """Cache ``tokens`` reusing the longest prefix cached in ``scope``; ``last_logits`` set.
 
         At least the last token is computed, so its logits are fresh. An empty sequence gives an
         empty handle (``last_logits`` is ``None``).
         """
-        tokens = list(tokens)
-        hit = self.match(tokens[:-1] if self.prefix_cache else [], scope)
         if not tokens:
+            hit = self.match([], scope)
             if previous is not None:
                 self.release(previous)
             return Prefilled(hit, 0, 0, None)
-        try:
-            rest = tokens[hit.cached :]
-            new_slots, logits = self.extend(hit.slots, rest, torch.arange(hit.cached, len(tokens)))
-            exact = _exact_after(hit.exact, hit.cached, len(tokens))
-            pinned = self._commit(tokens, torch.cat([hit.slots, new_slots]), scope, exact, previous)
-        finally:
-            self.release(hit)
-        return Prefilled(pinned, hit.cached, hit.cached - hit.exact, logits[-1])
+        return prefill_whole(self, tokens, scope, previous)
 
     def decode(
         self,
@@ -217,47 +199,44 @@ class EmbeddedEngine:
         delivered: Callable[[], int] | None = None,
         processors: Processors | None = None,
     ) -> Generator[GenerationStep, None, None]:
-        """Yield decoded tokens after ``handle`` (``last_logits``: its prefill's).
+        """Yield decoded tokens after ``handle`` (``last_logits``: its prefill's), one forward each.
 
         ``processors`` change each logits row before sampling (constraints, ``min_tokens``); a
-        finished one (a complete grammar) ends generation with ``stop``.
-
-        When the generator ends or is closed, the first ``delivered()`` generated tokens (all of
-        them without ``delivered``) are committed to the cache (KV for all but the last, which
-        has none yet) and ``handle`` is updated in place; KV computed for tokens decoded ahead
-        of the consumer goes back to the pool.
+        finished one (a complete grammar) ends generation with ``stop``. When the generator ends or
+        is closed, the first ``delivered()`` generated tokens (all of them without ``delivered``)
+        are committed to the cache (KV for all but the last) and ``handle`` is updated in place.
         """
-        pinned, logits = Pinned.of(handle), last_logits
-        sampler = Sampler(params, processors)
-        stops = Sampler.stops(params, self.info.eos_token_ids)
-        context = pinned.slots
-        generated: list[int] = []
-        fresh: list[torch.Tensor] = []
-        try:
-            for i in range(params.max_tokens):
-                step = sampler.step(logits)
-                generated.append(step.token)
-                done = step.token in stops or sampler.finished
-                if done or i == params.max_tokens - 1:
-                    step.finish_reason = "stop" if done else "length"
-                    yield step
-                    return
-                yield step
-                pos = torch.tensor([len(pinned.tokens) + len(generated) - 1])
-                slots, step_logits = self.extend(torch.cat([context, *fresh]), [step.token], pos)
-                fresh.append(slots)
-                logits = step_logits[-1]
-        finally:
-            n = len(generated) if delivered is None else min(max(0, delivered()), len(generated))
-            for extra in fresh[n:]:
-                self.free(extra)
-            kept = fresh[:n]
-            tokens = pinned.tokens + generated[:n]
-            slots = torch.cat([context, *kept]) if kept else context
-            exact = _exact_after(pinned.exact, pinned.cached, len(slots))
-            new = self._commit(tokens, slots, pinned.scope, exact, previous=pinned)
-            pinned.tokens, pinned.cached, pinned.exact = new.tokens, new.cached, new.exact
-            pinned.slots, pinned.node = new.slots, new.node
+        return decode_steps(self, handle, last_logits, params, delivered, processors)
+
+    def start_prefill(self, tokens: Sequence[int], scope: CacheScope, previous: Handle | None = None) -> SlotPrefill:
+        """See :class:`~leyline_server.engines.base.SyncCore`."""
+        return batch.start_prefill(self, tokens, scope, previous)
+
+    def forward(self, chunks: Sequence[Chunk], decodes: Sequence[DecodeJob]) -> StepFailures:
+        """One packed forward over every chunk and decode token (:mod:`.packed`)."""
+        return batch.forward(self, chunks, decodes)
+
+    def finish_prefill(self, job: PrefillJob) -> Prefilled:
+        """See :class:`~leyline_server.engines.base.SyncCore`."""
+        return batch.finish_prefill(self, job)
+
+    def abort_prefill(self, job: PrefillJob) -> None:
+        """See :class:`~leyline_server.engines.base.SyncCore`."""
+        batch.abort_prefill(self, job)
+
+    def start_decode(
+        self, handle: Handle, last_logits: torch.Tensor, params: SamplingParams, processors: Processors | None = None
+    ) -> SlotDecode:
+        """See :class:`~leyline_server.engines.base.SyncCore`."""
+        return batch.start_decode(self, handle, last_logits, params, processors)
+
+    def sample(self, job: DecodeJob) -> GenerationStep:
+        """See :class:`~leyline_server.engines.base.SyncCore`."""
+        return batch.sample(self, job)
+
+    def finish_decode(self, job: DecodeJob, delivered: int) -> None:
+        """See :class:`~leyline_server.engines.base.SyncCore`."""
+        batch.finish_decode(self, job, delivered)
 
     # -- splice stages (SpliceBackend) ------------------------------------------------------------
     def rotation_counts(self, handle: Handle, positions: Sequence[int]) -> list[int] | None:

@@ -17,6 +17,7 @@ Memory: at most ``max_mirrors`` mirrors and ``max_bytes`` (default: the pool's s
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
@@ -186,12 +187,12 @@ class MirrorStore:
         hk, dk, hv, dv = _mirror_shapes(self.pool.layout)
         return self.pool.layout.layers * _rounded(tokens) * (hk * dk + hv * dv) * self.pool.keys.element_size()
 
-    def _make_room(self, tokens: int, keep: Mirror | None) -> Mirror | None:
-        """Evict LRU mirrors (never ``keep``) until a ``tokens`` mirror fits; return one to recycle."""
+    def _make_room(self, tokens: int, keep: Collection[Mirror] = ()) -> Mirror | None:
+        """Evict LRU mirrors (never one in ``keep``) until a ``tokens`` mirror fits; return one to recycle."""
         need = self._bytes_for(tokens)
         recycled: Mirror | None = None
         while self.mirrors and (len(self.mirrors) >= self.max_mirrors or self.nbytes + need > self.max_bytes):
-            victims = [m for m in self.mirrors if m is not keep]
+            victims = [m for m in self.mirrors if not any(m is k for k in keep)]
             if not victims:
                 break
             victim = min(victims, key=lambda m: m.last_used)
@@ -205,8 +206,12 @@ class MirrorStore:
         """Whether a new mirror of ``tokens`` fits beside the existing ones without eviction."""
         return len(self.mirrors) < self.max_mirrors and self.nbytes + self._bytes_for(tokens) <= self.max_bytes
 
-    def acquire(self, context: torch.Tensor, extra: int) -> Mirror:
-        """A mirror holding exactly ``context`` (valid rows) with room for ``extra`` more tokens."""
+    def acquire(self, context: torch.Tensor, extra: int, keep: Collection[Mirror] = ()) -> Mirror:
+        """A mirror holding exactly ``context`` (valid rows) with room for ``extra`` more tokens.
+
+        ``keep``: mirrors other sequences of the same forward hold; none of them is appended to,
+        truncated or evicted (a context they share a prefix with gets a fork).
+        """
         context = context.to(torch.int64).cpu()
         n = int(context.numel())
         self._clock += 1
@@ -215,12 +220,15 @@ class MirrorStore:
             m = mirror.valid_prefix(context, self.pool.generation)
             if best is None or m > best_m:
                 best, best_m = mirror, m
+        held = best is not None and any(best is k for k in keep)
         if best is not None and best_m > 0:
-            if best_m == best.length:  # context extends the mirror (decode, next turn)
+            if best_m == best.length and not held:  # context extends the mirror (decode, next turn)
                 target = best
                 if best_m == n:
                     self.stats.appends += 1
-            elif self._can_keep_both(n + extra + _HEADROOM):  # branch: keep the other branch's rows
+            elif held or self._can_keep_both(n + extra + _HEADROOM):  # branch: keep the other branch's rows
+                if held:
+                    self._make_room(n + extra + _HEADROOM, keep=[*keep])
                 target = Mirror.empty(self.pool, n + extra + _HEADROOM)
                 target.copy_prefix_from(best, best_m)
                 self.mirrors.append(target)
@@ -232,7 +240,7 @@ class MirrorStore:
                 self.stats.truncations += 1
         else:
             self.stats.misses += 1
-            target = self._make_room(n + extra + _HEADROOM, keep=None) or Mirror.empty(self.pool, n + extra + _HEADROOM)
+            target = self._make_room(n + extra + _HEADROOM, keep) or Mirror.empty(self.pool, n + extra + _HEADROOM)
             target.length = 0
             self.mirrors.append(target)
             best_m = 0

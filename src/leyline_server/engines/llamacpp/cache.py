@@ -71,6 +71,12 @@ class Entry:
         n = len(self.tokens)
         self.rotations = np.zeros(n, dtype=np.int32) if rotations is None else rotations[:n].astype(np.int32)
 
+    def append(self, tokens: Sequence[int]) -> None:
+        """Describe ``tokens`` just decoded after the cached ones (unrotated; exact iff all before were)."""
+        exact = self.exact + len(tokens) if self.exact >= self.cached else self.exact
+        rotations = np.concatenate([self.rotations, np.zeros(len(tokens), dtype=np.int32)])
+        self.set_tokens(np.concatenate([self.tokens, np.asarray(tokens, dtype=np.int64)]), exact, rotations)
+
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     """Length of the common prefix of two token arrays."""
@@ -377,7 +383,5 @@ class SequenceCache:
             chunk = list(tokens[off : off + step])
             last = off + step >= len(tokens)
             logits = self.decode(entry.seq, chunk, entry.cached, want_logits and last, (entry,), copy)
-            exact = entry.exact + len(chunk) if entry.exact >= entry.cached else entry.exact
-            rotations = np.concatenate([entry.rotations, np.zeros(len(chunk), dtype=np.int32)])
-            entry.set_tokens(np.concatenate([entry.tokens, np.asarray(chunk, dtype=np.int64)]), exact, rotations)
+            entry.append(chunk)
         return logits

@@ -16,7 +16,9 @@ owns it). It implements :class:`~leyline_server.engines.base.SpliceBackend`:
 * ``canary`` reads rotated layer-0 keys back through the state API and compares them with the
   keys of the same tokens decoded alone at the same positions (layer-0 keys depend on nothing else),
   computed by a small second context that stops after layer 0 (:mod:`.canary`);
-* ``decode`` — llama.cpp's sampler chain over the kept logits rows, one token per ``next()``.
+* batched steps (:class:`~leyline_server.engines.base.SyncCore`, :mod:`.batch`): prefill chunks
+  and decode tokens of many sequences in one ``llama_decode``, each stream sampled by its own
+  chain from its row in place; ``prefill`` and ``decode`` drive them for one sequence.
 """
 
 from __future__ import annotations
@@ -30,19 +32,23 @@ import numpy as np
 from leyline_sdk.core.directives import KeptRun
 from leyline_server.engines.config import DEFAULT_ROTATION_BUDGET, context_window
 from leyline_server.engines.config import canary_tolerance as canary_tolerance_of
+from leyline_server.engines.jobs import Chunk, DecodeJob, PrefillJob, StepFailures
+from leyline_server.engines.llamacpp.batch import SeqDecode, SeqPrefill, finish_decode, forward, sample, start_decode
 from leyline_server.engines.llamacpp.cache import Entry, SequenceCache
 from leyline_server.engines.llamacpp.canary import run_canary, verified_probe
-from leyline_server.engines.llamacpp.lib import ContextConfig, LlamaContext, LlamaModel, TokenSampler, logprobs
+from leyline_server.engines.llamacpp.lib import ContextConfig, LlamaContext, LlamaModel
 from leyline_server.engines.llamacpp.parking import ParkingPolicy, focus
 from leyline_server.engines.llamacpp.shift import verified_shifter
 from leyline_server.engines.llamacpp.stage import Stage, land, move_block, prepare
 from leyline_server.engines.logits import Processors
+from leyline_server.engines.stepping import decode_steps, prefill_whole
 from leyline_server.engines.values import (
     SHARED,
     CacheScope,
     CanaryResult,
     GenerationStep,
     Handle,
+    Logits,
     ModelInfo,
     Prefilled,
     SamplingParams,
@@ -189,33 +195,69 @@ class LlamaCppEngine:
         At least the last token is computed, so its logits are fresh. ``previous`` is released
         (its sequence may be taken over) on success; on an error it is left to the caller.
         """
+        return prefill_whole(self, tokens, scope, previous)
+
+    def start_prefill(self, tokens: Sequence[int], scope: CacheScope, previous: Handle | None = None) -> SeqPrefill:
+        """Match (or take over ``previous``'s sequence) and hold the entry to extend; compute nothing.
+
+        The prefix cache never offers the last token, so at least it is left to compute. The
+        entry is pinned and ``busy`` until the job ends: nothing evicts, parks or takes it over
+        while other jobs run between its chunks.
+        """
         tokens = list(tokens)
         prev = _entry(previous) if previous is not None else None
         if not tokens:
-            if previous is not None:
-                self.release(previous)
-            return Prefilled(SeqHandle([], 0, 0, scope), 0, 0, None)
+            return SeqPrefill(tokens, scope, previous)
         entry, reused, exact, new = self._target(tokens, scope, prev)
-        pinned_exact = exact >= reused
         entry.scope = scope
-        entry.set_tokens(entry.tokens, reused if pinned_exact else exact, entry.rotations)
+        entry.set_tokens(entry.tokens, reused if exact >= reused else exact, entry.rotations)
+        job = SeqPrefill(tokens, scope, previous, reused, reused - exact, reused, entry=entry, new=new, prev=prev)
+        entry.busy += 1
         try:
             self._focus(entry)
-            logits = self.cache.extend(entry, tokens[reused:], want_logits=True)
         except BaseException:
-            if new:
-                self.cache.drop(entry)
-            elif entry is not prev:
-                self.cache.release(entry)
+            self.abort_prefill(job)
             raise
+        return job
+
+    def forward(self, chunks: Sequence[Chunk], decodes: Sequence[DecodeJob]) -> StepFailures:
+        """One step: every chunk's tokens and every decode's ``pending`` token in one ``llama_decode``
+        (several, in order, past ``n_batch``); see :mod:`.batch`."""
+        return forward(self.cache, chunks, decodes)
+
+    def finish_prefill(self, job: PrefillJob) -> Prefilled:
+        """The prefilled sequence as a locked handle; ``job.previous`` is released (or taken over)."""
+        done = SeqPrefill.of(job)
+        if done.left:
+            raise ValueError(f"finish_prefill with {done.left} tokens left to compute")
+        entry, previous = done.entry, done.previous
+        done.entry = None
+        if entry is None:  # an empty prompt: nothing cached
+            if previous is not None:
+                self.release(previous)
+            return Prefilled(SeqHandle([], 0, 0, done.scope), 0, 0, None)
+        entry.busy -= 1
         self.cache.touch(entry)
         if previous is not None:
-            if entry is prev:
+            if entry is done.prev:
                 previous.entry = None  # type: ignore[attr-defined]
             else:
                 self.release(previous)
-        handle = SeqHandle(tokens, entry.cached, entry.exact, scope, entry)
-        return Prefilled(handle, reused, reused - exact, logits)
+        handle = SeqHandle(done.tokens, entry.cached, entry.exact, done.scope, entry)
+        return Prefilled(handle, done.reused, done.approximate, done.logits)
+
+    def abort_prefill(self, job: PrefillJob) -> None:
+        """Give back the job's entry: a new one is dropped, a taken cache entry released as cache
+        (with what its chunks computed); ``previous`` stays with the caller."""
+        taken = SeqPrefill.of(job)
+        entry, taken.entry = taken.entry, None
+        if entry is None:
+            return
+        entry.busy -= 1
+        if taken.new:
+            self.cache.drop(entry)
+        elif entry is not taken.prev:
+            self.cache.release(entry)
 
     def release(self, handle: Handle) -> None:
         """Unpin a handle's sequence (it stays as evictable cache); releasing twice is harmless."""
@@ -232,65 +274,26 @@ class LlamaCppEngine:
         delivered: Callable[[], int] | None = None,
         processors: Processors | None = None,
     ) -> Generator[GenerationStep, None, None]:
-        """Yield decoded tokens after ``handle`` (``last_logits``: its prefill's last row).
+        """Yield decoded tokens after ``handle`` (``last_logits``: its prefill's last row); when closed,
+        ``handle`` gets the first ``delivered()`` of them and KV for no token past them.
+        ``processors`` mask each row in llama.cpp's own buffer; a finished one ends with ``stop``."""
+        return decode_steps(self, handle, last_logits, params, delivered, processors)
 
-        ``processors`` change each logits row before sampling (constraints, ``min_tokens``): in
-        llama.cpp's own buffer, which its sampler then reads; a finished one (a complete grammar)
-        ends generation with ``stop``.
-
-        Resuming after a step decodes its token into the handle's sequence and samples the next
-        one from the context's logits row in place (no copy unless logprobs are asked for). When
-        the generator ends or is closed, ``handle`` becomes its tokens plus the first
-        ``delivered()`` generated ones (all of them without ``delivered``): KV for tokens decoded
-        ahead of the consumer is removed again, so the sequence never holds a token the client
-        did not receive.
-        """
-        entry = _entry(handle)
-        if entry is None and params.max_tokens:
-            raise ValueError("decode needs a live handle")
-        sampler = TokenSampler(params, self.model.n_vocab)
+    def start_decode(
+        self, handle: Handle, last_logits: Logits, params: SamplingParams, processors: Processors | None = None
+    ) -> SeqDecode:
+        """A decode job after ``handle`` (its entry resident and ``busy`` until ``finish_decode``)."""
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self._info.eos_token_ids))
-        generated: list[int] = []
-        row: np.ndarray | None = last_logits  # the prefill's copied row; later rows stay in the context
-        if entry is not None:
-            self.cache.unpark(entry)
-            entry.busy += 1  # not parked while this stream decodes into it
-        try:
-            for i in range(params.max_tokens):
-                if params.logprobs and row is None:
-                    row = self.ctx.last_logits()
-                token = self._sample(sampler, row, processors)
-                step = GenerationStep(token)
-                if params.logprobs:
-                    assert row is not None
-                    step.logprob, step.top_logprobs = logprobs(row, token, params.top_logprobs)
-                generated.append(token)
-                done = token in stops or bool(processors and processors.finished)
-                if done or i == params.max_tokens - 1:
-                    step.finish_reason = "stop" if done else "length"
-                    yield step
-                    return
-                yield step
-                assert entry is not None
-                row = self.cache.extend(entry, [token], want_logits=True, copy=False)
-        finally:
-            sampler.close()
-            kept = generated if delivered is None else generated[: max(0, delivered())]
-            handle.tokens = list(handle.tokens) + kept
-            if entry is not None:
-                entry.busy -= 1
-                self.cache.trim(entry, len(handle.tokens))
-                handle.cached, handle.exact = entry.cached, entry.exact
+        return start_decode(self.cache, handle, _entry(handle), last_logits, params, processors, stops)
 
-    def _sample(self, sampler: TokenSampler, row: np.ndarray | None, processors: Processors | None) -> int:
-        """One token from ``row`` (a copy) or, without one, from the context's last row in place."""
-        if not processors:
-            return sampler.sample(row) if row is not None else sampler.sample_last(self.ctx)
-        masked = row.copy() if row is not None else self.ctx.logits_view()
-        processors.apply(masked)
-        token = sampler.sample(masked) if row is not None else sampler.sample_last(self.ctx)
-        processors.accept(token)
-        return token
+    def sample(self, job: DecodeJob) -> GenerationStep:
+        """The next token from ``job``'s logits: the prefill's row, or its row of the last ``forward``
+        in llama.cpp's buffer (sample before any other computation); see :func:`.batch.sample`."""
+        return sample(self.ctx, job)
+
+    def finish_decode(self, job: DecodeJob, delivered: int) -> None:
+        """Commit the first ``delivered`` generated tokens to the handle, trimming the sequence to them."""
+        finish_decode(self.cache, job, delivered)
 
     # -- splice stages (SpliceBackend) ------------------------------------------------------------
     def rotation_counts(self, handle: Handle, positions: Sequence[int]) -> list[int] | None:

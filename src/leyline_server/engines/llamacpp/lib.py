@@ -172,6 +172,7 @@ class LlamaContext:
         self._n_seq = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(n,))
         self._logits = np.ctypeslib.as_array(self._batch.logits, shape=(n,))
         self._n_seq[:] = 1
+        self.calls = 0  # llama_decode calls so far (output rows live until the next one)
 
     @property
     def can_shift(self) -> bool:
@@ -184,6 +185,15 @@ class LlamaContext:
         0: done; 1: no KV slot (the cache is unchanged); negative: a bad batch. Only the last
         triple's logits are kept when ``want_logits``.
         """
+        return self.decode_rows(entries, (len(entries) - 1,) if want_logits else ())
+
+    def decode_rows(self, entries: Sequence[tuple[int, int, int]], logit_rows: Sequence[int]) -> int:
+        """Decode ``(seq, token, pos)`` triples (at most ``n_batch``) in one call, keeping the logits
+        of the triples at the indices ``logit_rows``; llama.cpp's return code (as :meth:`decode`).
+
+        After a successful call, :meth:`logits_view` of a triple's index reads its row until the
+        next call (``calls`` counts them, so a reader can tell its row is gone).
+        """
         n = len(entries)
         if not 0 < n <= self.n_batch:
             raise ValueError(f"a batch holds 1..{self.n_batch} tokens, not {n}")
@@ -193,8 +203,9 @@ class LlamaContext:
             self._tokens[i] = token
             self._pos[i] = pos
         self._logits[:n] = 0
-        self._logits[n - 1] = 1 if want_logits else 0
+        self._logits[list(logit_rows)] = 1
         batch.n_tokens = n
+        self.calls += 1  # every output row of the previous call is gone, whatever the outcome
         rc = int(L.llama_decode(self.ptr, batch))
         if rc == 0:
             self.shift_pending = False  # llama.cpp re-rotated every moved key first
@@ -204,9 +215,12 @@ class LlamaContext:
         """A float32 copy of the last decoded output row."""
         return self.logits_view().copy()
 
-    def logits_view(self) -> np.ndarray:
-        """The last decoded output row in llama.cpp's own buffer (changing it changes what is sampled)."""
-        row = L.llama_get_logits_ith(self.ptr, -1)
+    def logits_view(self, i: int = -1) -> np.ndarray:
+        """The output row of the last call's triple ``i`` (-1: the last output row) in llama.cpp's own
+        buffer: changing it changes what is sampled; the next call overwrites it."""
+        row = L.llama_get_logits_ith(self.ptr, i)
+        if not row:
+            raise ValueError(f"the last llama_decode call kept no logits for index {i}")
         return np.ctypeslib.as_array(row, shape=(self.model.n_vocab,))
 
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
@@ -326,7 +340,11 @@ class TokenSampler:
         The same chain as :meth:`sample` applied by llama.cpp itself (``llama_sampler_sample``
         fills the candidates and accepts the token in C): the per-token Python work is one call.
         """
-        return int(L.llama_sampler_sample(self.chain, ctx.ptr, -1))
+        return self.sample_at(ctx, -1)
+
+    def sample_at(self, ctx: LlamaContext, i: int) -> int:
+        """:meth:`sample_last` for the output row of the last call's triple ``i`` (any of a batch's rows)."""
+        return int(L.llama_sampler_sample(self.chain, ctx.ptr, i))
 
     def close(self) -> None:
         """Free the chain (and the samplers in it)."""
