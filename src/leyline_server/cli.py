@@ -57,6 +57,15 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
         help="rotations one cached key may take; a splice past it falls back (drift_budget)",
     )  # fmt: skip
     group.add_argument(
+        "--chunked-prefill-size", type=int, default=256,
+        help="embedded and llama.cpp engines: prefill tokens per scheduler step (a long prompt is cut into chunks "
+        "that share steps with the streams decoding)",
+    )  # fmt: skip
+    group.add_argument(
+        "--max-running-requests", type=int, default=64,
+        help="embedded and llama.cpp engines: streams decoding together in one step (past it, keys take turns)",
+    )  # fmt: skip
+    group.add_argument(
         "--canary-tolerance", type=float, default=None,
         help="largest relative layer-0 key error a splice may show (default: by the KV dtype)",
     )  # fmt: skip
@@ -169,11 +178,15 @@ def _parse_engine_args(parser: argparse.ArgumentParser, argv: list[str]) -> argp
 
     if "-h" in argv or "--help" in argv:
         print(parser.format_help())
-        print("SGLang's flags, passed through unchanged (--model-path, --context-length, --mem-fraction-static")
-        print("and an explicit --dtype are handed to SGLang too; --host, --port, --api-key serve Leyline's API):\n")
+        print("SGLang's flags, passed through unchanged (--model-path, --context-length, --mem-fraction-static,")
+        print("--chunked-prefill-size, --max-running-requests and an explicit --dtype are handed to SGLang too;")
+        print("--host, --port, --api-key serve Leyline's API):\n")
         print(sglang_help())
         raise SystemExit(0)
     dtype = known.dtype if any(a == "--dtype" or a.startswith("--dtype=") for a in argv) else None
+    for flag in ("--chunked-prefill-size", "--max-running-requests"):  # SGLang's own flags of these names
+        if any(a == flag or a.startswith(flag + "=") for a in argv):
+            extra += [flag, str(getattr(known, flag[2:].replace("-", "_")))]
     known.engine_args = sglang_argv(known.model, extra, known.context_length, known.mem_fraction_static, dtype)
     return known
 
@@ -205,6 +218,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         engine_args=tuple(getattr(args, "engine_args", ())),
         rotation_budget=args.rotation_budget,
         canary_tolerance=args.canary_tolerance,
+        chunked_prefill_size=args.chunked_prefill_size,
+        max_running_requests=args.max_running_requests,
     )
 
 

@@ -184,7 +184,7 @@ async def _fill_then_ask(service, inspect=None):
             assert ok.choices  # served
             status = [(await c.get(f"/v1/leyline/sessions/{s}")).status_code for s in sessions]
             if inspect is not None:
-                await service.engine.worker.call(inspect, sessions)
+                await service.engine.scheduler.call(inspect, sessions)
             return sessions, status
 
 

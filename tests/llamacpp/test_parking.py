@@ -148,12 +148,12 @@ async def test_a_stream_in_flight_is_never_parked(tiny1):
     stream_a = front.stream(turn_a, params)
     got_a = [(await anext(stream_a)).token for _ in range(2)]
     turn_b = await front.start_turn([9] + BASE[:150], B, None, None)  # focuses b while a decodes
-    assert await front.worker.call(lambda: turn_a.handle.entry.resident)
+    assert await front.scheduler.call(lambda: turn_a.handle.entry.resident)
     got_b = [s.token async for s in front.stream(turn_b, params)]
     got_a += [s.token async for s in stream_a]
     assert got_a == expected["a"] and got_b == expected["b"]
     for turn in (turn_a, turn_b):
-        await front.worker.call(front.core.check, turn.handle)
+        await front.scheduler.call(front.core.check, turn.handle)
         front.release(turn.handle)
     await front.close()
     assert np.isfinite(got_a).all()

@@ -35,7 +35,7 @@ async def test_streams_interleave_and_cancellation_commits():
     assert turn.handle.tokens == [30, 31, 32] + [s.token for s in got]
     for t in (a, b, turn):
         front.release(t.handle)
-    await front.worker.call(eng.check_integrity)
+    await front.scheduler.call(eng.check_integrity)
     await front.close()
 
 

@@ -59,7 +59,8 @@ def test_each_flag_lands_in_its_field():
     args = parse_args(
         ["--model-path", "tiny-gqa", "--served-model-name", "a", "--served-model-name", "b", "--engine", "llamacpp",
          "--dtype", "bfloat16", "--preset-layers", "3", "--context-length", "300", "--kv-budget-mb", "12",
-         "--disable-prefix-cache", "--swap-space", "0.5", "--rotation-budget", "7", "--canary-tolerance", "0.01"]
+         "--disable-prefix-cache", "--swap-space", "0.5", "--rotation-budget", "7", "--canary-tolerance", "0.01",
+         "--chunked-prefill-size", "64", "--max-running-requests", "9"]
     )  # fmt: skip
     assert engine_config(args) == EngineConfig(
         engine="llamacpp",
@@ -73,6 +74,8 @@ def test_each_flag_lands_in_its_field():
         swap_space_gb=0.5,
         rotation_budget=7,
         canary_tolerance=0.01,
+        chunked_prefill_size=64,
+        max_running_requests=9,
     )
     fraction = engine_config(parse_args(["--mem-fraction-static", "0.01"]))
     assert 0 < fraction.kv_budget_mb != 256.0  # a share of the memory available, not the default budget
@@ -99,6 +102,8 @@ def test_the_embedded_engine_honours_every_field():
         prefix_cache=False,
         rotation_budget=5,
         canary_tolerance=0.25,
+        chunked_prefill_size=32,
+        max_running_requests=3,
     )
     engine, _ = build_engine(config)
     core = engine.core  # type: ignore[attr-defined]
@@ -109,6 +114,8 @@ def test_the_embedded_engine_honours_every_field():
     assert core.pool.capacity == int(2.0 * 2**20) // layout.bytes_per_slot(torch.bfloat16)
     assert core.prefix_cache is False
     assert (core.rotation_budget, core.canary_tolerance) == (5, 0.25)
+    scheduler = engine.scheduler  # type: ignore[attr-defined]
+    assert (scheduler.chunk_size, scheduler.max_running) == (32, 3)
     asyncio.run(engine.close())
 
 

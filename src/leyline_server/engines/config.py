@@ -60,6 +60,9 @@ class EngineConfig:
     * ``rotation_budget``: rotations one slot's key may take before splices touching it fall back
       to ``drift_budget``; ``canary_tolerance``: the layer-0 canary's largest relative error
       (``None``: by KV dtype, :data:`CANARY_TOLERANCES`).
+    * ``chunked_prefill_size``: prefill tokens per scheduler step; ``max_running_requests``: streams
+      decoding in one step (the embedded and llama.cpp engines' scheduler,
+      :mod:`leyline_server.engines.scheduler`; SGLang takes its own flags of these names).
     """
 
     engine: str = "embedded"
@@ -74,6 +77,8 @@ class EngineConfig:
     engine_args: tuple[str, ...] = ()
     rotation_budget: int = DEFAULT_ROTATION_BUDGET
     canary_tolerance: float | None = None
+    chunked_prefill_size: int = 256
+    max_running_requests: int = 64
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -92,7 +97,14 @@ class EngineConfig:
             raise ValueError("--rotation-budget must be 0 or more")
         if self.canary_tolerance is not None and not self.canary_tolerance > 0:
             raise ValueError("--canary-tolerance must be positive")
+        if self.chunked_prefill_size < 1 or self.max_running_requests < 1:
+            raise ValueError("--chunked-prefill-size and --max-running-requests must be positive")
         object.__setattr__(self, "engine_args", tuple(self.engine_args))
+
+    @property
+    def scheduling(self) -> dict[str, int]:
+        """The scheduler's settings (keyword arguments of the threaded engines)."""
+        return {"chunk_size": self.chunked_prefill_size, "max_running": self.max_running_requests}
 
     @property
     def name(self) -> str:

@@ -39,7 +39,7 @@ def build_engine(config: EngineConfig) -> tuple[Engine, PreTrainedTokenizerBase]
         from leyline_server.engines.embedded.serving import AsyncEmbeddedEngine
 
         core, tokenizer = load_engine(config)
-        return AsyncEmbeddedEngine(core, tokenizer), tokenizer
+        return AsyncEmbeddedEngine(core, tokenizer, **config.scheduling), tokenizer
     require_extra(config.engine)
     if config.engine == "sglang":
         from leyline_server.engines.sglang.launch import build_sglang_engine

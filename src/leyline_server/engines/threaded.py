@@ -1,21 +1,15 @@
 """Engines whose model runs synchronously on one thread (embedded, llama.cpp) behind the async protocol.
 
-:class:`Worker` is the thread: every engine call is a job on a single-thread queue. Decoding
-*runs ahead* of the consumer (:meth:`Worker.run_ahead`): one job takes decode steps back to back
-and hands each to the event loop as soon as it exists, so neither the thread hop nor the
-consumer's own work (detokenizing, SSE) sits between two decode steps. As soon as another job is
-waiting (a new request's prefill, another stream's step) the run gives the thread up after the
-current step and queues itself again behind it, so concurrent requests still interleave step by
-step, first come first served; it pauses when ``ahead`` steps have not been taken by the
-consumer yet, and the consumer restarts it once it has caught up. Closing a stream early (client
-gone, stop string, cancelled request) stops the run after the current step; the core's decode
-generator is then closed on the worker thread and commits only the steps the consumer received
-(the KV of steps decoded ahead is dropped again). :class:`ThreadedEngine` puts a synchronous core
-behind :class:`~leyline_server.engines.base.Engine`: a turn's splice + prefill is one job.
+:class:`ThreadedEngine` puts a synchronous core (:class:`~leyline_server.engines.base.SyncCore`)
+behind :class:`~leyline_server.engines.base.Engine`. Its thread is a
+:class:`~leyline_server.engines.scheduler.Scheduler`: running streams decode together in one
+batched forward per step, prefills are cut into chunks that share those steps, keys take turns,
+and a stream decodes at most ``RUN_AHEAD`` tokens past what its consumer has taken. A turn's
+splice is one atomic job on that thread, run just before its prefill's chunks.
 
-Constrained decoding (``engines.grammar``) runs inside the decode generator as a logits processor:
-the grammar advances on every token the generator samples, decoded ahead or not, and is dropped
-with the generator when the turn ends. What is committed is the delivered prefix, which the
+Constrained decoding (``engines.grammar``) runs inside each stream's sampling as a logits
+processor: the grammar advances on every token the stream samples, decoded ahead or not, and is
+dropped with the stream when the turn ends. What is committed is the delivered prefix, which the
 grammar accepted first; nothing of a grammar outlives its turn, so a later turn (after a splice or
 not) starts from the grammar's beginning exactly like a fresh request.
 """
@@ -23,18 +17,17 @@ not) starts from the grammar's beginning exactly like a fresh request.
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import AsyncGenerator, Callable, Generator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import aclosing
-from typing import Any, Generic, TypeVar
+from collections.abc import AsyncGenerator, Generator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Generic
 
 import anyio
 
 from leyline_server.engines.base import StageT, SyncCore
 from leyline_server.engines.grammar import GrammarBackend
 from leyline_server.engines.logits import LogitsProcessor, Processors, SuppressUntil
-from leyline_server.engines.turn_job import run_turn
+from leyline_server.engines.scheduler import END, RUN_AHEAD, Scheduler
+from leyline_server.engines.scheduling import PrefillRequest, Stream
 from leyline_server.engines.values import (
     CacheScope,
     Constraint,
@@ -42,132 +35,33 @@ from leyline_server.engines.values import (
     GenerationStep,
     Handle,
     ModelInfo,
+    Prefilled,
     SamplingParams,
     SpliceRequest,
     Turn,
 )
-from leyline_server.splice import SpliceReport, splice
+from leyline_server.splice import SpliceReport, settle_forget, splice, splice_for_turn
 
-__all__ = ["Worker", "ThreadedEngine", "RUN_AHEAD", "COMPILE_THREADS"]
+__all__ = ["ThreadedEngine", "RUN_AHEAD", "COMPILE_THREADS"]
 
-T = TypeVar("T")
-RUN_AHEAD = 16  # decode steps a stream may compute before its consumer takes them
 COMPILE_THREADS = 4  # grammars compiling at once (one per key: ``api.compiles``)
-_MORE = object()  # a run-ahead job gave the thread up: the consumer queues the next one
-
-
-class Worker:
-    """A single engine thread: ``call`` (await a job), ``submit`` (fire and forget), ``run_ahead``."""
-
-    def __init__(self, name: str = "leyline-engine") -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
-        self._lock = threading.Lock()
-        self._waiting = 0
-
-    @property
-    def contended(self) -> bool:
-        """Whether a job is queued behind the running one (a long job should give the thread up)."""
-        return self._waiting > 0
-
-    def _queue(self, fn: Callable[[], T]) -> Future[T]:
-        def job() -> T:
-            with self._lock:
-                self._waiting -= 1
-            return fn()
-
-        with self._lock:
-            self._waiting += 1
-        try:
-            return self._executor.submit(job)
-        except BaseException:
-            with self._lock:
-                self._waiting -= 1
-            raise
-
-    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run ``fn(*args, **kwargs)`` on the worker thread and wait for it."""
-        return await asyncio.wrap_future(self._queue(lambda: fn(*args, **kwargs)))
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Queue ``fn(*args)`` without waiting (e.g. releasing a handle); safe from any thread."""
-        try:
-            self._queue(lambda: fn(*args))
-        except RuntimeError:  # shut down: nothing left to release into
-            pass
-
-    async def run_ahead(
-        self, steps: Generator[T, None, None], last: Callable[[T], bool], ahead: int = RUN_AHEAD
-    ) -> AsyncGenerator[T, None]:
-        """Yield ``steps`` computed on the worker ahead of the consumer (see the module docstring).
-
-        ``last(step)``: the generator is not resumed after such a step, so that closing it (which
-        commits) always happens after the consumer's last ``next``. Closing this iterator closes
-        ``steps`` on the worker; an exception from a step is raised here after the steps before it.
-        """
-        loop = asyncio.get_running_loop()
-        out: asyncio.Queue[Any] = asyncio.Queue()
-        stopped = threading.Event()
-        budget = [ahead]  # steps the worker may still make before the consumer catches up
-
-        def put(item: Any) -> None:
-            loop.call_soon_threadsafe(out.put_nowait, item)
-
-        def run() -> None:
-            while budget[0] > 0 and not stopped.is_set():
-                try:
-                    step = next(steps, None)
-                    budget[0] -= 1
-                    put(step)
-                    if step is None or last(step):
-                        return
-                    if self.contended:  # the waiting job first; this run goes on behind it
-                        self._queue(run)
-                        return
-                except BaseException as exc:  # noqa: BLE001 - handed to the consumer
-                    put(exc)
-                    return
-            if not stopped.is_set():
-                put(_MORE)  # every step so far is in ``out``: the consumer restarts the run
-
-        try:
-            self._queue(run)
-            while True:
-                item = await out.get()
-                if item is _MORE:
-                    budget[0] = ahead  # no run is queued or running now
-                    self._queue(run)
-                    continue
-                if item is None:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if last(item):
-                    return
-        finally:
-            stopped.set()
-            with anyio.CancelScope(shield=True):  # a cancelled stream still commits before it ends
-                await self.call(steps.close)
-
-    def shutdown(self) -> None:
-        """Finish queued jobs and stop the thread."""
-        self._executor.shutdown(wait=True)
 
 
 class ThreadedEngine(Generic[StageT]):
     """A synchronous engine core on its own thread, as an :class:`~leyline_server.engines.base.Engine`.
 
-    ``core`` is a :class:`~leyline_server.engines.base.SyncCore`: the splice primitives plus
-    ``decode(handle, state, params, delivered, processors)`` (a generator of
-    :class:`GenerationStep` that, when closed, commits the first ``delivered()`` tokens it
-    generated) and ``close()``. ``tokenizer`` (a transformers tokenizer) is what constraints are
-    compiled for.
+    ``core`` is a :class:`~leyline_server.engines.base.SyncCore`: the splice primitives plus the
+    batched steps the scheduler drives, and ``close()``. ``tokenizer`` (a transformers tokenizer)
+    is what constraints are compiled for.
     """
 
-    def __init__(self, core: SyncCore[StageT], tokenizer: object = None, name: str = "leyline-engine") -> None:
+    def __init__(
+        self, core: SyncCore[StageT], tokenizer: object = None, name: str = "leyline-engine", **scheduling: Any
+    ) -> None:
+        """``scheduling``: the :class:`Scheduler`'s ``chunk_size``, ``max_running`` and ``ahead``."""
         self.core = core
         self.tokenizer = tokenizer
-        self.worker = Worker(name)
+        self.scheduler = Scheduler(core, name, **scheduling)
         self._grammar: GrammarBackend | None = None
         self._compiles = ThreadPoolExecutor(max_workers=COMPILE_THREADS, thread_name_prefix=f"{name}-compile")
 
@@ -209,24 +103,56 @@ class ThreadedEngine(Generic[StageT]):
         """The served model."""
         return self.core.info
 
-    async def open(self, tokens: Sequence[int], scope: CacheScope) -> Handle:
-        """Prefill ``tokens`` and pin them."""
-        result = await self.worker.call(self.core.prefill, list(tokens), scope)
-        return result.handle
+    async def open(self, tokens: Sequence[int], scope: CacheScope, owner: str | None = None) -> Handle:
+        """Prefill ``tokens`` and pin them (in chunks, like a turn's prompt)."""
+        prefilled, _, _ = await self._prefill(list(tokens), scope, None, owner, None)
+        return prefilled.handle
 
     async def start_turn(
-        self, prompt: Sequence[int], scope: CacheScope, session: Handle | None, request: SpliceRequest | None
+        self,
+        prompt: Sequence[int],
+        scope: CacheScope,
+        session: Handle | None,
+        request: SpliceRequest | None,
+        owner: str | None = None,
     ) -> Turn:
-        """Splice ``session`` if asked, then prefill ``prompt`` (one engine job).
+        """Splice ``session`` if asked (one atomic job), then prefill ``prompt`` in chunks.
 
         ``session`` is consumed unless ``SpliceError`` is raised; after any other error it has
-        been released.
+        been released. ``owner``: the key whose turn it is (keys take turns between steps).
         """
+        prepare = None
+        if session is not None and request is not None and request.directives:
+            core, chunk = self.core, self.scheduler.chunk_size
 
-        return await self.worker.call(run_turn, self.core, prompt, scope, session, request)
+            def prepare(handle: Handle | None) -> Generator[None, None, tuple[Handle | None, SpliceReport | None]]:
+                assert handle is not None
+                return (yield from splice_for_turn(core, handle, request, chunk))
+
+        prefilled, report, timings = await self._prefill(list(prompt), scope, session, owner, prepare)
+        if report is not None and report.deferred:
+            report = settle_forget(report, prefilled.reused)
+        return Turn(prefilled.handle, list(prompt), report, prefilled.reused, prefilled.approximate,
+                    prefilled.last_logits, owner=owner, timings=timings)  # fmt: skip
+
+    async def _prefill(
+        self, tokens: list[int], scope: CacheScope, previous: Handle | None, owner: str | None, prepare: Any
+    ) -> tuple[Prefilled, SpliceReport | None, dict[str, float]]:
+        """Queue a prefill on the scheduler and wait for it; a requester that goes gives it up."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        request = PrefillRequest(tokens, scope, previous, owner, loop, future, self.release, prepare)
+        self.scheduler.prefill(request)
+        try:
+            prefilled, report = await future
+            return prefilled, report, request.timings()
+        except asyncio.CancelledError:
+            request.cancelled = True  # aborted before its next chunk, or its result released
+            self.scheduler.poke()
+            raise
 
     def stream(self, turn: Turn, params: SamplingParams) -> AsyncGenerator[GenerationStep, None]:
-        """Decode after ``turn``, running ahead of the consumer; ``turn.handle`` ends as prompt + delivered.
+        """Decode after ``turn`` in the scheduler's batched steps; ``turn.handle`` ends as prompt + delivered.
 
         A step counts as delivered once this iterator yielded it (``turn.generated``); steps
         decoded ahead and never taken are not committed.
@@ -234,27 +160,40 @@ class ThreadedEngine(Generic[StageT]):
         return self._stream(turn, params)
 
     async def _stream(self, turn: Turn, params: SamplingParams) -> AsyncGenerator[GenerationStep, None]:
-        processors = self.processors(params)
-        decode = self.core.decode(turn.handle, turn.last_logits, params, lambda: len(turn.generated), processors)
-        async with aclosing(self.worker.run_ahead(decode, _finished)) as steps:
-            async for step in steps:
-                turn.generated.append(step.token)
-                yield step
+        loop = asyncio.get_running_loop()
+        stream = Stream(turn.handle, turn.last_logits, params, self.processors(params), turn.owner, loop)
+        self.scheduler.open_stream(stream)
+        try:
+            while True:
+                item = await stream.queue.get()
+                if item is END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                stream.taken += 1
+                self.scheduler.poke()
+                turn.generated.append(item.token)
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            with anyio.CancelScope(shield=True):  # a cancelled stream still commits before it ends
+                try:
+                    await self.scheduler.close_stream(stream, len(turn.generated))
+                except RuntimeError:  # the engine shut down: nothing to commit into
+                    pass
 
     async def splice(self, handle: Handle, request: SpliceRequest) -> tuple[Handle, SpliceReport]:
-        """Apply directives without generating."""
-        return await self.worker.call(splice, self.core, handle, request)
+        """Apply directives without generating (one atomic job)."""
+        return await self.scheduler.call(splice, self.core, handle, request)
 
     def release(self, handle: Handle) -> None:
         """Unpin ``handle`` on the engine thread (never blocks)."""
-        self.worker.submit(self.core.release, handle)
+        self.scheduler.submit(self.core.release, handle)
 
     async def close(self) -> None:
-        """Stop the engine thread (queued releases run first), then let the core free its memory."""
-        self.worker.shutdown()
+        """Stop the engine thread (queued releases run first, work in flight fails), then let the
+        core free its memory."""
+        await asyncio.to_thread(self.scheduler.shutdown)
         self._compiles.shutdown(wait=False, cancel_futures=True)  # a compile in flight ends on its own
         self.core.close()
-
-
-def _finished(step: GenerationStep) -> bool:
-    return step.finish_reason is not None

@@ -213,6 +213,8 @@ class Turn:
     approximate: int
     last_logits: Logits = None
     generated: list[int] = field(default_factory=list)
+    owner: str | None = None  # the key whose turn it is (schedulers let keys take turns)
+    timings: dict[str, float] = field(default_factory=dict)  # ms: queue, splice, prefill (where measured)
 
     def counts(self) -> tuple[int, int, int]:
         """(reused, rotated, prefilled) prompt tokens: the splice's plus the final prefill's."""

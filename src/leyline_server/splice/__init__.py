@@ -1,6 +1,6 @@
 """Splicing: the pure plan, its executor over any engine, and the report with its fallback codes."""
 
-from leyline_server.splice.execute import splice, validate
+from leyline_server.splice.execute import settle_forget, splice, splice_for_turn, validate
 from leyline_server.splice.plan import Fill, SplicePlan, plan_splice
 from leyline_server.splice.report import Fallback, FallbackCode, SpliceError, SpliceReport, strict_status
 
@@ -12,7 +12,9 @@ __all__ = [
     "SpliceReport",
     "SplicePlan",
     "plan_splice",
+    "settle_forget",
     "splice",
+    "splice_for_turn",
     "strict_status",
     "validate",
 ]

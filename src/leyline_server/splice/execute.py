@@ -9,8 +9,8 @@ common prefix and equals a fresh prefill) and the report says why; ``strict`` ra
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Generator, Mapping, Sequence
+from typing import Any, TypeVar
 
 from leyline_sdk.core.directives import Directive, KeptRun, apply, check, digest
 from leyline_sdk.core.errors import DirectiveError
@@ -19,9 +19,10 @@ from leyline_server.engines.values import CapacityError, Handle, ModelInfo, Spli
 from leyline_server.splice.plan import Fill, SplicePlan, plan_splice
 from leyline_server.splice.report import Fallback, FallbackCode, Refused, SpliceError, SpliceReport
 
-__all__ = ["splice", "validate", "CANARY_TOKENS"]
+__all__ = ["splice", "splice_for_turn", "settle_forget", "validate", "CANARY_TOKENS"]
 
 CANARY_TOKENS = 4
+T = TypeVar("T")
 
 
 def _resolve_blocks(directives: Sequence[Directive], blocks: Mapping[str, Handle]) -> list[Directive]:
@@ -83,12 +84,20 @@ class _Lease:
 
 
 def _forget(
-    engine: SpliceBackend[Any], lease: _Lease, new: Sequence[int], started: float, fallback: Fallback | None
-) -> tuple[Handle, SpliceReport]:
+    engine: SpliceBackend[Any],
+    lease: _Lease,
+    new: Sequence[int],
+    started: float,
+    fallback: Fallback | None,
+    defer: bool = False,
+) -> tuple[Handle | None, SpliceReport]:
     # Release first: the common prefix is re-matched and locked by the prefill, and the old
     # branch becomes evictable, so a forget fits where the splice (which must keep it) did not.
     scope = lease.handle.scope
     lease.release()
+    if defer:  # the turn's own prefill (chunked) recomputes ``new``: see ``splice_for_turn``
+        report = SpliceReport(applied=fallback is None, fallback=fallback, prefilled_tokens=len(new), deferred=True)
+        return None, report.model_copy(update={"splice_ms": _elapsed(started)})
     result = engine.prefill(new, scope)
     report = SpliceReport(
         applied=fallback is None,
@@ -126,14 +135,27 @@ def _canary_sample(plan: SplicePlan, base: Sequence[int]) -> tuple[list[int], li
 
 
 def _walk(
-    engine: SpliceBackend[StageT], stage: StageT, handle: Handle, plan: SplicePlan, blocks: Mapping[str, Handle]
-) -> str:
-    """Moves, then every step in order, then the canary; returns the canary's verdict."""
+    engine: SpliceBackend[StageT],
+    stage: StageT,
+    handle: Handle,
+    plan: SplicePlan,
+    blocks: Mapping[str, Handle],
+    fill_chunk: int | None,
+) -> Generator[None, None, str]:
+    """Moves, then every step in order, then the canary; returns the canary's verdict.
+
+    A fill longer than ``fill_chunk`` tokens is computed in chunks, yielding between them (a
+    scheduler runs other work there; the stage stays private to this splice).
+    """
     if plan.moves:
         engine.move(stage, handle, plan.moves)
     for step in plan.steps:
         if isinstance(step, Fill):
-            engine.fill(stage, step.at, step.tokens)
+            size = fill_chunk or len(step.tokens) or 1
+            for offset in range(0, len(step.tokens), size):
+                if offset:
+                    yield
+                engine.fill(stage, step.at + offset, step.tokens[offset : offset + size])
         else:
             engine.move(stage, blocks[step.block], [KeptRun(step.start, step.end, step.at)])
     positions, tokens = _canary_sample(plan, handle.tokens)
@@ -146,12 +168,17 @@ def _walk(
 
 
 def _amortize(
-    engine: SpliceBackend[StageT], handle: Handle, plan: SplicePlan, blocks: Mapping[str, Handle], started: float
-) -> tuple[Handle, SpliceReport]:
+    engine: SpliceBackend[StageT],
+    handle: Handle,
+    plan: SplicePlan,
+    blocks: Mapping[str, Handle],
+    started: float,
+    fill_chunk: int | None = None,
+) -> Generator[None, None, tuple[Handle, SpliceReport]]:
     _check_moves(engine, handle, plan, blocks)
     stage = engine.begin(handle, plan.keep)
     try:
-        canary = _walk(engine, stage, handle, plan, blocks)
+        canary = yield from _walk(engine, stage, handle, plan, blocks, fill_chunk)
     except BaseException:
         engine.abort(stage)
         raise
@@ -167,6 +194,35 @@ def _amortize(
     return fresh, report
 
 
+def splice_for_turn(
+    engine: SpliceBackend[StageT], handle: Handle, request: SpliceRequest, fill_chunk: int | None = None
+) -> Generator[None, None, tuple[Handle | None, SpliceReport]]:
+    """:func:`splice` as the first half of a turn whose prefill follows (in chunks, on a scheduler),
+    as a generator: it yields between chunks of ``fill_chunk`` replacement tokens, and returns
+    what :func:`splice` returns. Closing it early aborts the splice and releases ``handle``.
+
+    A forget (asked, or a fallback) computes nothing here: the handle is released and ``None``
+    comes back, with ``prefilled_tokens`` holding the length of the sequence to recompute; the
+    turn's prefill recomputes it from the cached prefix, and :func:`settle_forget` fills in the
+    counts.
+    """
+    lease = _Lease(engine, handle)
+    try:
+        return (yield from _splice(engine, lease, request, time.perf_counter(), True, fill_chunk))
+    except SpliceError:
+        raise
+    except BaseException:
+        lease.release()
+        raise
+
+
+def settle_forget(report: SpliceReport, reused: int) -> SpliceReport:
+    """A deferred forget's counts once the turn's prefill found ``reused`` tokens cached."""
+    length = report.prefilled_tokens
+    kept = min(reused, length)
+    return report.model_copy(update={"reused_tokens": kept, "prefilled_tokens": length - kept, "deferred": False})
+
+
 def splice(engine: SpliceBackend[StageT], handle: Handle, request: SpliceRequest) -> tuple[Handle, SpliceReport]:
     """Apply ``request`` to the session cached as ``handle``; return the new handle and a report.
 
@@ -178,7 +234,9 @@ def splice(engine: SpliceBackend[StageT], handle: Handle, request: SpliceRequest
     """
     lease = _Lease(engine, handle)
     try:
-        return _splice(engine, lease, request, time.perf_counter())
+        spliced, report = _drain(_splice(engine, lease, request, time.perf_counter()))
+        assert spliced is not None  # nothing deferred
+        return spliced, report
     except SpliceError:
         raise
     except BaseException:
@@ -186,17 +244,31 @@ def splice(engine: SpliceBackend[StageT], handle: Handle, request: SpliceRequest
         raise
 
 
+def _drain(steps: Generator[None, None, T]) -> T:
+    """Run a generator to its end; its return value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+
 def _splice(
-    engine: SpliceBackend[StageT], lease: _Lease, request: SpliceRequest, started: float
-) -> tuple[Handle, SpliceReport]:
+    engine: SpliceBackend[StageT],
+    lease: _Lease,
+    request: SpliceRequest,
+    started: float,
+    defer: bool = False,
+    fill_chunk: int | None = None,
+) -> Generator[None, None, tuple[Handle | None, SpliceReport]]:
     handle = lease.handle
     new: list[int] | None = None
     try:
         new, directives = validate(engine.info, handle.tokens, request)
         plan = plan_splice(handle.tokens, directives, handle.cached, exact=handle.exact)
         if plan.is_reprefill:
-            return _forget(engine, lease, new, started, None)
-        return _amortize(engine, handle, plan, request.blocks, started)
+            return _forget(engine, lease, new, started, None, defer)
+        return (yield from _amortize(engine, handle, plan, request.blocks, started, fill_chunk))
     except (Refused, CapacityError) as exc:
         code, message = (exc.code, exc.message) if isinstance(exc, Refused) else (FallbackCode.CAPACITY, str(exc))
         if request.strict:
@@ -205,4 +277,4 @@ def _splice(
         target = new if new is not None else (list(request.prompt) if request.prompt is not None else None)
         if target is None:
             return handle, SpliceReport(applied=False, fallback=fallback, splice_ms=_elapsed(started))
-        return _forget(engine, lease, target, started, fallback)
+        return _forget(engine, lease, target, started, fallback, defer)

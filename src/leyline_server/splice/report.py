@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from leyline_sdk.core.fallbacks import FallbackCode
 
@@ -28,6 +28,8 @@ class SpliceReport(BaseModel):
     prefilled_tokens: int = 0
     canary: Literal["passed", "skipped", "unavailable"] = "skipped"
     splice_ms: float = 0.0
+    # a forget left to the turn's prefill (``splice_for_turn``): the counts are settled after it
+    deferred: bool = Field(default=False, exclude=True)
 
 
 class SpliceError(Exception):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from leyline_server.engines.embedded.engine import EmbeddedEngine, SlotStage
 from leyline_server.engines.threaded import ThreadedEngine
 
@@ -11,5 +13,6 @@ __all__ = ["AsyncEmbeddedEngine"]
 class AsyncEmbeddedEngine(ThreadedEngine[SlotStage]):
     """:class:`EmbeddedEngine` on its own thread (all model work there; see ``engines.threaded``)."""
 
-    def __init__(self, core: EmbeddedEngine, tokenizer: object = None) -> None:
-        super().__init__(core, tokenizer, "leyline-embedded")
+    def __init__(self, core: EmbeddedEngine, tokenizer: object = None, **scheduling: Any) -> None:
+        """``scheduling``: the scheduler's ``chunk_size``, ``max_running`` and ``ahead``."""
+        super().__init__(core, tokenizer, "leyline-embedded", **scheduling)

@@ -96,4 +96,4 @@ def load_llamacpp(
     except BaseException:
         weights.close()
         raise
-    return AsyncLlamaCppEngine(core, tokenizer), tokenizer
+    return AsyncLlamaCppEngine(core, tokenizer, **config.scheduling), tokenizer

@@ -6,6 +6,8 @@ All llama.cpp work runs on one worker thread (a context is not thread-safe); see
 
 from __future__ import annotations
 
+from typing import Any
+
 from leyline_server.engines.llamacpp.engine import LlamaCppEngine
 from leyline_server.engines.llamacpp.stage import Stage
 from leyline_server.engines.threaded import ThreadedEngine
@@ -16,5 +18,6 @@ __all__ = ["AsyncLlamaCppEngine"]
 class AsyncLlamaCppEngine(ThreadedEngine[Stage]):
     """:class:`LlamaCppEngine` on its own thread, as an :class:`~leyline_server.engines.base.Engine`."""
 
-    def __init__(self, core: LlamaCppEngine, tokenizer: object = None) -> None:
-        super().__init__(core, tokenizer, "leyline-llamacpp")
+    def __init__(self, core: LlamaCppEngine, tokenizer: object = None, **scheduling: Any) -> None:
+        """``scheduling``: the scheduler's ``chunk_size``, ``max_running`` and ``ahead``."""
+        super().__init__(core, tokenizer, "leyline-llamacpp", **scheduling)

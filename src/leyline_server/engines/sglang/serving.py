@@ -84,15 +84,21 @@ class AsyncSGLangEngine:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, functools.partial(fn, *args))
 
-    async def open(self, tokens: Sequence[int], scope: CacheScope) -> Handle:
-        """Prefill ``tokens`` through SGLang and pin them."""
+    async def open(self, tokens: Sequence[int], scope: CacheScope, owner: str | None = None) -> Handle:
+        """Prefill ``tokens`` through SGLang and pin them (SGLang's own scheduler orders the work)."""
         result = await self._job(self.backend.prefill, list(tokens), scope)
         return result.handle
 
     async def start_turn(
-        self, prompt: Sequence[int], scope: CacheScope, session: Handle | None, request: SpliceRequest | None
+        self,
+        prompt: Sequence[int],
+        scope: CacheScope,
+        session: Handle | None,
+        request: SpliceRequest | None,
+        owner: str | None = None,
     ) -> Turn:
-        """Splice ``session`` if asked, then prefill ``prompt`` (``session`` is consumed as on the embedded engine)."""
+        """Splice ``session`` if asked, then prefill ``prompt`` (``session`` is consumed as on the
+        embedded engine; SGLang's own scheduler orders the work, ``owner`` is not used)."""
         return await self._job(run_turn, self.backend, prompt, scope, session, request)
 
     async def check_constraint(self, constraint: Constraint) -> None:

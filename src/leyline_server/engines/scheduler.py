@@ -1,0 +1,295 @@
+"""The engine thread of the CPU engines: steps batched across streams, prefills chunked, keys taking turns.
+
+In the shape of vLLM's and SGLang's schedulers, on one thread that owns the engine core
+(:class:`~leyline_server.engines.base.SyncCore`). Its loop, each round:
+
+1. **jobs** — atomic calls (a release, a session's bookkeeping, :meth:`Scheduler.call`) queued
+   before the round began run first, first come first served;
+2. **admissions** — new prefills are started (a turn's splice first: one atomic job), new streams
+   sample their first token from their prefill's logits;
+3. **one step** — one ``core.forward`` over
+
+   * the next token of every running stream (at most ``max_running``; past that, keys take turns
+     and each key's streams take turns), and
+   * prefill chunks: keys take turns (the key whose prefill was served longest ago first); its
+     oldest prefill gets a chunk of up to ``chunk_size`` tokens less the step's decode tokens (at
+     least ``MIN_CHUNK``), and other keys' prefills join the same step only whole and only while
+     they fit.
+
+   Then every stream in the step samples its next token and hands it to its consumer; a prefill
+   whose last chunk ran is finished and handed back.
+
+**Bounds.** A step costs at most ``chunk_size`` prefill tokens plus one token per running stream.
+So a running stream gets a token every step, and a key's prefill gets a chunk within as many
+steps as there are other keys with prefills waiting (a short prompt: its whole prefill). A long
+prefill therefore delays another key's first token by about one chunk, and its own by about one
+short step per other key.
+
+**Run-ahead.** A stream decodes at most ``ahead`` tokens past what its consumer has taken; then it
+sits out of the steps until the consumer catches up (a client that stops reading costs nothing).
+Closing a stream (finished, client gone, cancelled) is an atomic job: the core keeps the tokens
+the consumer received and drops the KV of any decoded ahead. A prefill whose requester has gone
+is aborted before its next chunk (or its result released, if it had finished).
+
+Everything the core touches runs on this thread; the event loop only queues work and reads
+results (``loop.call_soon_threadsafe``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from leyline_server.engines.jobs import Chunk, DecodeJob
+from leyline_server.engines.scheduling import PrefillRequest, Stream, pick_chunks, pick_decodes
+from leyline_server.engines.values import GenerationStep
+
+__all__ = ["Scheduler", "RUN_AHEAD", "CHUNK_SIZE", "MAX_RUNNING", "MIN_CHUNK", "END"]
+
+T = TypeVar("T")
+log = logging.getLogger("leyline.engine")
+RUN_AHEAD = 16  # tokens a stream may decode past what its consumer has taken
+CHUNK_SIZE = 256  # prefill tokens per step (SGLang's --chunked-prefill-size)
+MAX_RUNNING = 64  # streams decoding in one step (SGLang's --max-running-requests)
+MIN_CHUNK = 16  # a prefill's chunk is never squeezed below this by many streams
+END = object()  # a stream's last item: decoding ended without a step saying so (max_tokens 0, shutdown)
+
+
+class Scheduler:
+    """The engine thread (see the module docstring); ``core`` is used from this thread only."""
+
+    def __init__(
+        self,
+        core: Any,
+        name: str = "leyline-engine",
+        chunk_size: int = CHUNK_SIZE,
+        max_running: int = MAX_RUNNING,
+        ahead: int = RUN_AHEAD,
+    ) -> None:
+        if chunk_size < 1 or max_running < 1 or ahead < 1:
+            raise ValueError("chunk_size, max_running and ahead must be positive")
+        self.core = core
+        self.chunk_size, self.max_running, self.ahead = chunk_size, max_running, ahead
+        self._cv = threading.Condition()
+        self._jobs: list[Callable[[], None]] = []
+        self._new_prefills: list[PrefillRequest] = []
+        self._new_streams: list[Stream] = []
+        self._stopping = False
+        self._prefills: dict[str | None, deque[PrefillRequest]] = {}
+        self._streams: list[Stream] = []
+        self._served: dict[str | None, int] = {}  # key -> the step its prefill was last served in
+        self.steps = 0
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    # -- from the event loop (or any thread) ----------------------------------------------------------
+    def _queue(self, job: Callable[[], None]) -> None:
+        with self._cv:
+            if self._stopping:
+                raise RuntimeError("the engine has shut down")
+            self._jobs.append(job)
+            self._cv.notify()
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` on the engine thread between steps and wait for it."""
+        future: Future[T] = Future()
+
+        def job() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                future.set_exception(exc)
+
+        self._queue(job)
+        return await asyncio.wrap_future(future)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Queue ``fn(*args)`` without waiting (e.g. releasing a handle); safe from any thread."""
+        try:
+            self._queue(lambda: fn(*args))
+        except RuntimeError:  # shut down: nothing left to release into
+            pass
+
+    def prefill(self, request: PrefillRequest) -> None:
+        """Queue a prefill (its ``future`` answers, on its loop)."""
+        with self._cv:
+            if self._stopping:
+                raise RuntimeError("the engine has shut down")
+            self._new_prefills.append(request)
+            self._cv.notify()
+
+    def open_stream(self, stream: Stream) -> None:
+        """Start decoding ``stream`` (its items arrive in ``stream.queue``, on its loop)."""
+        with self._cv:
+            if self._stopping:
+                raise RuntimeError("the engine has shut down")
+            self._new_streams.append(stream)
+            self._cv.notify()
+
+    def poke(self) -> None:
+        """Wake the thread: a consumer took a token (its stream may run again), or gave up a prefill."""
+        with self._cv:
+            self._cv.notify()
+
+    async def close_stream(self, stream: Stream, delivered: int) -> None:
+        """End ``stream``, keeping its first ``delivered`` tokens; waits until the core has done so."""
+        stream.closed = True
+        await self.call(self._finish_stream, stream, delivered)
+
+    def shutdown(self) -> None:
+        """Run the queued jobs, fail what is in flight, stop the thread."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        self._thread.join()
+
+    # -- the engine thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._stopping or self._jobs or self._new_prefills or self._new_streams or self._ready()):
+                    self._cv.wait()
+                jobs, self._jobs = self._jobs, []
+                prefills, self._new_prefills = self._new_prefills, []
+                streams, self._new_streams = self._new_streams, []
+                stopping = self._stopping
+            for job in jobs:
+                _guarded(job)
+            if stopping:
+                _guarded(self._fail_all, prefills, streams)
+                return
+            for request in prefills:
+                _guarded(self._admit_prefill, request)
+            for stream in streams:
+                _guarded(self._admit_stream, stream)
+            _guarded(self._splice_slices)
+            _guarded(self._step)
+
+    def _ready(self) -> bool:
+        """Whether a step has something to do (called with the lock held)."""
+        if any(r.cancelled or r.job is not None or r.splicing for q in self._prefills.values() for r in q):
+            return True
+        return any(s.runnable(self.ahead) for s in self._streams)
+
+    def _admit_prefill(self, request: PrefillRequest) -> None:
+        if request.cancelled:
+            request.drop(self.core)
+            return
+        self._prefills.setdefault(request.key, deque()).append(request)
+        self._advance(request, request.start)
+
+    def _advance(self, request: PrefillRequest, how: Callable[[Any], bool]) -> None:
+        """One slice of ``request``'s splice (or its start); a failure is the requester's."""
+        try:
+            how(self.core)
+        except BaseException as exc:  # noqa: BLE001 - the requester's error (a strict splice, capacity)
+            self._remove(request)
+            request.fail(self.core, exc)
+
+    def _splice_slices(self) -> None:
+        """Every splice in progress takes its next slice (a replacement's next chunk)."""
+        for request in [r for q in self._prefills.values() for r in q if r.splicing is not None]:
+            if not request.cancelled:
+                self._advance(request, request.advance)
+
+    def _admit_stream(self, stream: Stream) -> None:
+        if stream.closed:  # its consumer went before it started (its close job found nothing to do)
+            return
+        try:
+            stream.job = self.core.start_decode(stream.handle, stream.last_logits, stream.params, stream.processors)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            stream.deliver(exc)
+            return
+        self._streams.append(stream)
+        if stream.job.finished:
+            stream.deliver(END)
+        else:
+            self._sample(stream)
+
+    def _sample(self, stream: Stream) -> None:
+        job: DecodeJob | None = stream.job
+        assert job is not None
+        try:
+            step: GenerationStep = self.core.sample(job)
+        except BaseException as exc:  # noqa: BLE001 - a grammar's error is this stream's
+            stream.failed = True
+            stream.deliver(exc)
+            return
+        stream.generated += 1
+        stream.deliver(step)
+
+    def _finish_stream(self, stream: Stream, delivered: int) -> None:
+        if stream in self._streams:
+            self._streams.remove(stream)
+        if stream.job is not None:
+            self.core.finish_decode(stream.job, delivered)
+
+    def _step(self) -> None:
+        """One forward: the running streams' next tokens and the chunks chosen (module docstring)."""
+        self._drop_cancelled()
+        decodes = pick_decodes(self._streams, self.ahead, self.max_running, self.steps)
+        budget = max(self.chunk_size - len(decodes), MIN_CHUNK)
+        chunks = pick_chunks(self._prefills, self._served, budget)
+        if not decodes and not chunks:
+            return
+        self.steps += 1
+        for chunk in chunks:
+            self._served[chunk.request.key] = self.steps
+        try:
+            work = [Chunk(c.request.job, c.tokens) for c in chunks if c.request.job is not None]
+            failures = self.core.forward(work, [s.job for s in decodes])
+        except BaseException as exc:  # noqa: BLE001 - a failed forward fails everyone in it
+            failures = {c.request.job: exc for c in chunks} | {s.job: exc for s in decodes}
+        for stream in decodes:
+            if stream.job in failures:
+                stream.failed = True
+                stream.deliver(failures[stream.job])
+            else:
+                self._sample(stream)
+        for chunk in chunks:
+            request = chunk.request
+            if request.job in failures:
+                self._remove(request)
+                request.fail(self.core, failures[request.job])
+            elif request.job is not None and not request.job.left:
+                self._remove(request)
+                request.finish(self.core)
+
+    def _remove(self, request: PrefillRequest) -> None:
+        queue = self._prefills.get(request.key)
+        if queue is not None and request in queue:
+            queue.remove(request)
+            if not queue:
+                del self._prefills[request.key]
+
+    def _drop_cancelled(self) -> None:
+        for request in [r for q in self._prefills.values() for r in q if r.cancelled]:
+            self._remove(request)
+            request.drop(self.core)
+
+    def _fail_all(self, prefills: list[PrefillRequest], streams: list[Stream]) -> None:
+        gone = RuntimeError("the engine has shut down")
+        for request in [*prefills, *(r for q in self._prefills.values() for r in q)]:
+            request.fail(self.core, gone)
+        self._prefills.clear()
+        for stream in [*streams, *self._streams]:
+            stream.deliver(gone)
+            if stream.job is not None:
+                self.core.finish_decode(stream.job, stream.taken)
+        self._streams.clear()
+
+
+def _guarded(fn: Callable[..., Any], *args: Any) -> None:
+    """Run ``fn``; an exception is logged, never allowed to end the engine thread (a dead thread
+    would leave every request waiting for good)."""
+    try:
+        fn(*args)
+    except Exception:  # noqa: BLE001 - logged: the requester's own error reached it already
+        log.exception("the engine thread caught an error and goes on")
