@@ -97,7 +97,9 @@ class LeylineResult(SpliceCounts):
     (``"template"``: the chat template rendered unchanged messages differently, e.g. dropped
     earlier reasoning; ``"client"``: the client edited its own history, spliced in ``amortize``
     mode only under its opt-in, else recomputed) and ``template_directives`` /
-    ``client_directives`` count them.
+    ``client_directives`` count them. ``timings`` says where the server's time to the first token
+    went, in milliseconds (``admit``, ``render``, ``constrain``, ``reserve``, ``queue``, ``splice``,
+    ``prefill``, ``first_token`` and their ``total``; see the server's docs).
     """
 
     session_id: str | None = None
@@ -107,6 +109,7 @@ class LeylineResult(SpliceCounts):
     sources: list[str] = Field(default_factory=list)
     template_directives: int = 0
     client_directives: int = 0
+    timings: dict[str, float] = Field(default_factory=dict)
 
 
 class SessionInfo(BaseModel):

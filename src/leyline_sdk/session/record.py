@@ -53,6 +53,7 @@ def record_turn(
     if mark is not None:
         view.replies.append(mark)
     stats.elapsed_ms = (time.perf_counter() - turn.started) * 1e3
+    stats.prepare_ms = max(turn.prepared - turn.started, 0.0) * 1e3
     session.stats.append(stats)
     if view.unrecorded is turn:
         view.unrecorded = None

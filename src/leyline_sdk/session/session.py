@@ -169,6 +169,7 @@ class LeylineSession:
         if prompt is not None:  # else the server does not speak Leyline: plain requests
             await self._extend(turn, tools)
         self.server.unrecorded = turn if turn.extension is not None else None
+        turn.prepared = time.perf_counter()
         return turn
 
     async def _extend(self, turn: PreparedTurn, tools: Sequence[Mapping[str, Any]] | None) -> None:

@@ -27,7 +27,8 @@ class TurnStats(BaseModel):
     fallback: str | None = None
     cleared: int = 0
     removed_chars: int = 0
-    elapsed_ms: float = 0.0
+    elapsed_ms: float = 0.0  # from preparing the request to recording its answer
+    prepare_ms: float = 0.0  # of which the session's own work before sending (policies, render, diff)
     blocks: int = 0  # block messages placed by relocation (directives naming a block)
     block_fallback: str | None = None  # why a new block message was prefilled instead (e.g. "no_base")
     sources: list[str] = []  # who made each explained directive: "template", "policy" or "client"

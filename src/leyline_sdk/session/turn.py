@@ -22,7 +22,8 @@ __all__ = ["PreparedTurn"]
 class PreparedTurn:
     """One request in preparation: the effective messages, their rendering, what is sent.
 
-    * ``started``: when the session began preparing it (``time.perf_counter()``);
+    * ``started``: when the session began preparing it (``time.perf_counter()``); ``prepared``: when
+      it was ready to send;
     * ``extension``: the ``leyline`` field (``None`` against a server without Leyline);
     * ``fallback``: why no directives are sent (a :class:`~leyline_sdk.core.fallbacks.FallbackCode` value);
     * ``sources``: who made each directive (``template``, ``policy``, ``client``);
@@ -36,6 +37,7 @@ class PreparedTurn:
     prompt: RenderedConversation | None
     report: EditReport
     started: float = 0.0
+    prepared: float = 0.0
     extension: LeylineRequest | None = None
     fallback: str | None = None
     sources: list[str] = field(default_factory=list)

@@ -51,6 +51,7 @@ from leyline_server.api.responses import logprob_entry, usage
 from leyline_server.api.schemas import ChatCompletionRequest, check_content
 from leyline_server.api.service import ChatTurn, LeylineService, Prompt
 from leyline_server.api.session_choice import choose_session, held_session
+from leyline_server.api.timings import Clock
 from leyline_server.api.tools import ToolPlan, plan_tools
 from leyline_server.engines.values import CapacityError, Constraint, ConstraintError, SamplingParams
 
@@ -77,6 +78,7 @@ class OpenTurn:
     outcome: Outcome | None = None
     rest: str = ""  # the outcome's content not shown by any delta yet
     capped_to: int | None = None  # the completion limit, when the asked one was capped to the room left
+    clock: Clock | None = None
     _closed: bool = field(default=False, repr=False)
 
     async def deltas(self) -> AsyncIterator[Delta]:
@@ -90,6 +92,8 @@ class OpenTurn:
         try:
             async with aclosing(service.engine.stream(self.chat.turn, params)) as steps:
                 async for step in steps:
+                    if self.clock is not None and "total" not in self.chat.timings:
+                        self.chat.timings.update(self.clock.first_token())
                     text = decoder.push(step.token)
                     reason = step.finish_reason
                     entry = logprob_entry(service.tokenizer, step) if params.logprobs else None
@@ -185,25 +189,31 @@ class ChatPipeline:
         asks for 32,000 whatever the model).
         """
         service = self.service
+        clock = Clock()
         tools = self._check(req)  # 1. check
         shape = prompt_shape(service.chat, req)
         mode = client_edits_mode(client_edits, service.config.splice_client_edits)
         stack = AsyncExitStack()
         try:
             ticket = await stack.enter_async_context(service.admission.slot(owner))  # 2. admit
+            clock.mark("admit")
             hints = hints_of(req)
             prompt = await service.prompt(owner, req.messages, req.tools, req.leyline, shape, hints, mode, recognise)
+            clock.mark("render")
             capped = _capped(req, len(prompt.tokens), service.context_tokens) if cap_max_tokens else None
             if capped is not None:
                 req = req.model_copy(update={"max_tokens": capped, "max_completion_tokens": None})
             params = self._sampling(req, prompt)  # 3. the length check
             params.constraint = await self._constrain(req, tools, owner)  # 4. constrain
+            clock.mark("constrain")
             decoder = self._decoder(req, params, tools)
             chat = await self._start(stack, req, owner, prompt, ticket, params.max_tokens)  # 5.–7.
+            clock.mark("turn")
         except BaseException:
             await stack.aclose()
             raise
-        return OpenTurn(service, chat, params, decoder, stack, capped_to=capped)
+        chat.timings = clock.turn_timings(chat.turn.timings)
+        return OpenTurn(service, chat, params, decoder, stack, capped_to=capped, clock=clock)
 
     async def count_tokens(self, req: ChatCompletionRequest, owner: str | None) -> int:
         """The length of ``req``'s prompt (one render, no turn)."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from leyline_sdk.core.directives import Directive, Mode, digest
@@ -57,6 +57,7 @@ class ChatTurn:
     fallback: FallbackInfo | None = None
     auto: RecognisedTurn | None = None
     auto_splice: bool = False
+    timings: dict[str, float] = field(default_factory=dict)  # where the time to the first token went (ms)
 
 
 class LeylineService:
@@ -148,7 +149,7 @@ class LeylineService:
 
     async def start_plain(self, prompt: list[int], owner: str | None) -> ChatTurn:
         """Prefill a turn without a session (the prefix cache alone); release its handle when done."""
-        return await self._start_with_room(None, prompt, CacheScope(self.salt(owner)), None, None)
+        return await self._start_with_room(None, prompt, CacheScope(self.salt(owner)), None, None, owner)
 
     async def session_turn(
         self,
@@ -176,7 +177,7 @@ class LeylineService:
             await self.room.reserve(ticket, len(base))
         handle, session.handle = session.handle, None
         try:
-            chat = await self._start_with_room(session, tokens, session.scope, request, handle)
+            chat = await self._start_with_room(session, tokens, session.scope, request, handle, owner)
         except SpliceError as exc:
             session.handle = handle  # strict: nothing changed
             raise self._splice_error(exc, "leyline.directives") from exc
@@ -220,13 +221,14 @@ class LeylineService:
         scope: CacheScope,
         request: SpliceRequest | None,
         handle: Handle | None,
+        owner: str | None,
     ) -> ChatTurn:
-        """Start the turn; when the pool is full, shed idle cache and serve it as a forget."""
+        """Start ``owner``'s turn; when the pool is full, shed idle cache and serve it as a forget."""
 
         async def attempt(first: bool) -> ChatTurn:
             if first:
-                return await self._start(session, prompt, scope, request, handle)
-            chat = await self._start(session, prompt, scope, None, None)  # the engine released the handle
+                return await self._start(session, prompt, scope, request, handle, owner)
+            chat = await self._start(session, prompt, scope, None, None, owner)  # the engine released the handle
             chat.fallback = chat.fallback or FallbackInfo(
                 code=FallbackCode.CAPACITY.value, message="KV pool full: idle sessions dropped, served as a forget"
             )
@@ -241,8 +243,9 @@ class LeylineService:
         scope: CacheScope,
         request: SpliceRequest | None,
         handle: Handle | None = None,
+        owner: str | None = None,
     ) -> ChatTurn:
-        turn = await self.engine.start_turn(prompt, scope, handle, request)
+        turn = await self.engine.start_turn(prompt, scope, handle, request, owner)
         self._record(turn.report)
         reused, rotated, prefilled = turn.counts()
         self.metrics.record_tokens(reused, rotated, prefilled, turn.approximate_tokens)
@@ -273,6 +276,7 @@ class LeylineService:
             sources=sources,
             template_directives=sources.count("template"),
             client_directives=sources.count("client"),
+            timings=dict(chat.timings),
         )
 
     # -- sessions and blocks ------------------------------------------------------------------------
@@ -286,7 +290,7 @@ class LeylineService:
         async with self.sessions.use(session):
 
             async def attempt(_: bool) -> Handle:
-                return await self.engine.open(tokens, session.scope)
+                return await self.engine.open(tokens, session.scope, owner)
 
             try:
                 session.handle = await self.room.retry(attempt, len(tokens), keep=session)
@@ -371,7 +375,7 @@ class LeylineService:
         scope = CacheScope(self.salt(owner), f"block:{block_id}")
 
         async def attempt(_: bool) -> Handle:
-            return await self.engine.open(tokens, scope)
+            return await self.engine.open(tokens, scope, owner)
 
         return self.blocks.add(block_id, owner, await self.room.retry(attempt, len(tokens), keep=None))
 
