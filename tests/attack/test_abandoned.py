@@ -3,8 +3,8 @@
 The scheduler issue's finding: a non-streamed request without ``max_tokens`` kept decoding for
 12 minutes after its connection closed, holding a reservation of the whole pool. Here the client
 gives up after half a second on a request that would decode ~4,000 tokens (the end token
-forbidden by ``logit_bias``); the server's own admission counter must show nothing in flight
-within a few seconds, and the next request must be served.
+forbidden by ``logit_bias``); the server's ``/metrics`` must show no KV reserved within a few
+seconds, and another key's request must be served at once.
 """
 
 from __future__ import annotations
@@ -15,22 +15,32 @@ import time
 import httpx
 import pytest
 
-from tests.attack.helpers import MODEL, serve, service
+from tests.attack.helpers import KEYS, MODEL, auth, serve, service
+
+
+def _reserved(metrics: str) -> float:
+    """``leyline_kv_reserved_tokens`` from a ``/metrics`` page."""
+    line = next(x for x in metrics.splitlines() if x.startswith("leyline_kv_reserved_tokens "))
+    return float(line.split()[1])
 
 
 async def test_a_whole_answer_stops_when_its_client_has_gone(engine):
-    svc = service(engine, default_max_tokens=None)  # no limit: the answer would fill the context
+    svc = service(engine, default_max_tokens=None, api_keys=frozenset(KEYS))  # no limit: it would fill the context
     bias = {str(t): -100 for t in svc.engine.info.eos_token_ids}
     body = {"model": MODEL, "messages": [{"role": "user", "content": "talk"}], "logit_bias": bias}
     with serve(svc) as url:
-        async with httpx.AsyncClient(base_url=url, timeout=0.5) as impatient:
+        async with httpx.AsyncClient(base_url=url, timeout=0.5, headers=auth(KEYS[0])) as impatient:
             with pytest.raises(httpx.ReadTimeout):
                 await impatient.post("/v1/chat/completions", json=body)
-        assert svc.admission.in_flight(None)[0] == 1, "the answer was done already: nothing was measured"
-        deadline = time.monotonic() + 5
-        while svc.admission.in_flight(None) != (0, 0) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        assert svc.admission.in_flight(None) == (0, 0)  # cancelled, its reservation released
-        async with httpx.AsyncClient(base_url=url, timeout=30) as patient:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as c:
+            assert svc.admission.in_flight(KEYS[0])[0] == 1, "the answer was done already: nothing was measured"
+            deadline = time.monotonic() + 5
+            while _reserved((await c.get("/metrics")).text) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert _reserved((await c.get("/metrics")).text) == 0  # cancelled, its reservation released
+            assert svc.admission.in_flight(KEYS[0]) == (0, 0)
+            started = time.perf_counter()
             short = {**body, "max_tokens": 4}
-            assert (await patient.post("/v1/chat/completions", json=short)).status_code == 200
+            answer = await c.post("/v1/chat/completions", json=short, headers=auth(KEYS[1]))  # another key
+            assert answer.status_code == 200, answer.text
+            assert time.perf_counter() - started < 5.0  # at once: nothing of the gone request in the way
