@@ -82,7 +82,7 @@ async def two_turns(client, server, via: str):
 
 def comparable(response, radix_hit: bool = False) -> tuple:
     """What must not depend on the carrier (a first turn's prefix-cache hit depends on order)."""
-    skip = {"session_id", "splice_ms"} | ({"reused_tokens", "prefilled_tokens"} if radix_hit else set())
+    skip = {"session_id", "splice_ms", "timings"} | ({"reused_tokens", "prefilled_tokens"} if radix_hit else set())
     ext = {k: v for k, v in response.leyline.items() if k not in skip}
     return response.choices[0].message.content, response.usage.prompt_tokens, ext
 
