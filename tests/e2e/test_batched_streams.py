@@ -60,3 +60,33 @@ async def test_eight_concurrent_greedy_streams_give_the_sequential_tokens(engine
     assert all(len(ids) == TOKENS for ids in sequential)
     assert concurrent == sequential
     assert steps < 8 * TOKENS // 2, f"{steps} steps for {8 * TOKENS} tokens: the streams did not share steps"
+
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+          "count": {"type": "integer"}, "ok": {"type": "boolean"}},
+          "required": ["name", "count", "ok"], "additionalProperties": False}  # fmt: skip
+
+
+def _constrained(i: int) -> dict:
+    fmt = {"type": "json_schema", "json_schema": {"name": "item", "schema": SCHEMA, "strict": True}}
+    return {**_body(i, False), "response_format": fmt, "max_tokens": 60, "ignore_eos": False,
+            "logprobs": True, "top_logprobs": 2}  # fmt: skip
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_constrained_streams_with_logprobs_in_one_batch_answer_as_alone(engine):
+    import jsonschema
+
+    svc = make_service(MODEL, engine=engine, layers=2, kv_budget_mb=8)
+    with running_server(svc) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as c:
+            alone = [(await c.post("/v1/chat/completions", json=_constrained(i))).json() for i in range(4)]
+            together = await asyncio.gather(*(c.post("/v1/chat/completions", json=_constrained(i)) for i in range(4)))
+    for one, batched in zip(alone, (r.json() for r in together), strict=True):
+        content = batched["choices"][0]["message"]["content"]
+        if batched["choices"][0]["finish_reason"] == "stop":
+            jsonschema.validate(json.loads(content), SCHEMA)  # the grammar held inside the batch
+        assert content == one["choices"][0]["message"]["content"]
+        got = [e["logprob"] for e in batched["choices"][0]["logprobs"]["content"]]
+        expected = [e["logprob"] for e in one["choices"][0]["logprobs"]["content"]]
+        assert got == pytest.approx(expected, abs=1e-3)  # float32 rounding of the batched forward
