@@ -87,6 +87,10 @@ class Scheduler:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
+    def served_at(self, key: str | None) -> int | None:
+        """The step that last ran a prefill chunk of ``key`` (``None``: never)."""
+        return self._served.get(key)
+
     # -- from the event loop (or any thread) ----------------------------------------------------------
     def _queue(self, job: Callable[[], None]) -> None:
         with self._cv:

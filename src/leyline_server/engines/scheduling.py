@@ -188,11 +188,13 @@ def pick_chunks(
     queues: dict[str | None, deque[PrefillRequest]], served: dict[str | None, int], budget: int
 ) -> list[Planned]:
     """The prefill chunks of one step: the key served longest ago gets up to ``budget`` tokens of its
-    oldest prefill; other keys' oldest prefills join only whole, while the budget lasts."""
+    oldest prefill; every other prefill joins only whole, while the budget lasts (each key's oldest
+    first, keys in the same order, then the keys' later ones)."""
     keys = sorted((k for k, q in queues.items() if any(r.job is not None for r in q)), key=lambda k: served.get(k, -1))
+    ready = {k: [r for r in queues[k] if r.job is not None] for k in keys}
+    order = [ready[k][0] for k in keys] + [r for k in keys for r in ready[k][1:]]
     out: list[Planned] = []
-    for k in keys:
-        request = next(r for r in queues[k] if r.job is not None)
+    for request in order:
         assert request.job is not None
         left = request.job.left
         if not out:
