@@ -82,9 +82,9 @@ test-fast: $(STAMP)
 # Every benchmark, one after the other (never two at once: they time the CPU). Raw tables go to
 # docs/results/tables/<name>.md, plots to docs/results/<name>.png; the prose pages in docs/results/
 # (one per benchmark, indexed in docs/results/README.md) are written by hand and link their table,
-# so nothing here writes them. About 1.5 hours on 2 cores, the real-model ones (agreement, notes,
-# replay, vs_llamacpp) most of it. One alone: $(PY) benchmarks/bench_X.py --help.
-BENCHES ?= diff sdk_turn radix rotate drift reasoning engine speed detokenize agreement notes replay vs_llamacpp idle_sessions
+# so nothing here writes them. About 2 hours on 2 cores, the real-model ones (agreement, notes,
+# replay, vs_llamacpp, concurrency) most of it. One alone: $(PY) benchmarks/bench_X.py --help.
+BENCHES ?= diff sdk_turn radix rotate drift reasoning engine speed detokenize concurrency agreement notes replay vs_llamacpp idle_sessions
 bench: SHELL := /bin/bash
 bench: $(STAMP)
 	@mkdir -p docs/results/tables
