@@ -15,7 +15,7 @@ import time
 
 import httpx
 
-from tests.attack.helpers import KEYS, MODEL, auth, serve, service
+from tests.attack.helpers import KEYS, MODEL, ServerProcess, auth, serve, service
 
 
 def _reserved(metrics: str) -> float:
@@ -50,3 +50,31 @@ async def test_a_whole_answer_stops_when_its_client_has_gone(engine):
             answer = await c.post("/v1/chat/completions", json=short, headers=auth(KEYS[1]))  # another key
             assert answer.status_code == 200, answer.text
             assert time.perf_counter() - started < 5.0  # at once: nothing of the gone request in the way
+
+
+async def test_shutdown_does_not_wait_on_an_answer_whose_client_has_gone(engine):
+    """SIGTERM right after the client gave up: the server exits at once, not after the answer.
+
+    The scheduler issue's finding: SIGTERM waited on the abandoned answer (killed after 18 s). The
+    graceful timeout here is 30 s, so only the cancellation makes the exit prompt.
+    """
+    with ServerProcess(engine, None, "--graceful-timeout", "30") as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as c:
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "talk"}], "max_tokens": 4000,
+                    "ignore_eos": True}  # fmt: skip
+            asked = asyncio.create_task(c.post("/v1/chat/completions", json=body))
+            deadline = time.monotonic() + 30
+            while not _reserved((await c.get("/metrics")).text):  # not admitted yet
+                assert not asked.done() and time.monotonic() < deadline
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.5)
+            assert not asked.done(), "the answer was done already: nothing was measured"
+            asked.cancel()  # the client gives up
+            with contextlib.suppress(asyncio.CancelledError):
+                await asked
+        assert server.proc is not None
+        started = time.perf_counter()
+        server.proc.terminate()
+        code = server.proc.wait(timeout=60)
+        took = time.perf_counter() - started
+    assert code == 0 and took < 5.0, (code, took)
