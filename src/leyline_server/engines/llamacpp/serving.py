@@ -1,7 +1,8 @@
 """The llama.cpp engine behind the service-facing :class:`~leyline_server.engines.base.Engine` protocol.
 
 All llama.cpp work runs on the scheduler's one engine thread (a context is not thread-safe), in
-batched steps; see ``engines.threaded`` and ``engines.scheduler``. Closing the engine frees llama.cpp's memory after the queued jobs ran.
+batched steps; see ``engines.threaded`` and ``engines.scheduler``. Closing the engine frees
+llama.cpp's memory after the queued jobs ran.
 """
 
 from __future__ import annotations
