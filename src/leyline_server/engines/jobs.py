@@ -25,7 +25,7 @@ from typing import NamedTuple
 from typing_extensions import Self
 
 from leyline_server.engines.logits import Processors
-from leyline_server.engines.values import CacheScope, GenerationStep, Handle, Logits, SamplingParams
+from leyline_server.engines.values import CacheScope, Handle, Logits, SamplingParams
 
 __all__ = ["PrefillJob", "DecodeJob", "Chunk", "StepFailures", "chunk_tokens"]
 
@@ -66,7 +66,6 @@ class DecodeJob:
     pending: int | None = None  # sampled, KV not computed yet (the next forward computes it)
     finished: bool = False
     logits: Logits = None  # the row the next ``sample`` reads (engine-specific form)
-    stops: frozenset[int] = frozenset()  # token ids that end the stream (``SamplingParams.stop_ids``)
 
     @classmethod
     def of(cls, job: DecodeJob) -> Self:
@@ -74,17 +73,6 @@ class DecodeJob:
         if not isinstance(job, cls):
             raise TypeError(f"not a decode job of this engine: a {type(job).__name__}, not a {cls.__name__}")
         return job
-
-    def record(self, step: GenerationStep, grammar_done: bool = False) -> None:
-        """Take ``step``'s token as generated: it ends the stream (a stop token, ``grammar_done``, or
-        ``max_tokens`` reached; ``finish_reason`` set) or becomes ``pending``."""
-        self.generated.append(step.token)
-        done = step.token in self.stops or grammar_done
-        if done or len(self.generated) >= self.params.max_tokens:
-            step.finish_reason = "stop" if done else "length"
-            self.finished = True
-        else:
-            self.pending = step.token
 
     @property
     def position(self) -> int:

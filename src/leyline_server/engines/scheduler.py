@@ -92,16 +92,12 @@ class Scheduler:
         return self._served.get(key)
 
     # -- from the event loop (or any thread) ----------------------------------------------------------
-    def _put(self, into: list[Any], item: Any) -> None:
-        """Hand ``item`` to the engine thread's next round (``RuntimeError`` once shut down)."""
+    def _queue(self, job: Callable[[], None]) -> None:
         with self._cv:
             if self._stopping:
                 raise RuntimeError("the engine has shut down")
-            into.append(item)
+            self._jobs.append(job)
             self._cv.notify()
-
-    def _queue(self, job: Callable[[], None]) -> None:
-        self._put(self._jobs, job)
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` on the engine thread between steps and wait for it."""
@@ -127,11 +123,19 @@ class Scheduler:
 
     def prefill(self, request: PrefillRequest) -> None:
         """Queue a prefill (its ``future`` answers, on its loop)."""
-        self._put(self._new_prefills, request)
+        with self._cv:
+            if self._stopping:
+                raise RuntimeError("the engine has shut down")
+            self._new_prefills.append(request)
+            self._cv.notify()
 
     def open_stream(self, stream: Stream) -> None:
         """Start decoding ``stream`` (its items arrive in ``stream.queue``, on its loop)."""
-        self._put(self._new_streams, stream)
+        with self._cv:
+            if self._stopping:
+                raise RuntimeError("the engine has shut down")
+            self._new_streams.append(stream)
+            self._cv.notify()
 
     def poke(self) -> None:
         """Wake the thread: a consumer took a token (its stream may run again), or gave up a prefill."""

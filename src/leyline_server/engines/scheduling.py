@@ -190,8 +190,8 @@ def pick_chunks(
     """The prefill chunks of one step: the key served longest ago gets up to ``budget`` tokens of its
     oldest prefill; every other prefill joins only whole, while the budget lasts (each key's oldest
     first, keys in the same order, then the keys' later ones)."""
-    ready = {k: [r for r in q if r.job is not None] for k, q in queues.items()}
-    keys = sorted((k for k in ready if ready[k]), key=lambda k: served.get(k, -1))
+    keys = sorted((k for k, q in queues.items() if any(r.job is not None for r in q)), key=lambda k: served.get(k, -1))
+    ready = {k: [r for r in queues[k] if r.job is not None] for k in keys}
     order = [ready[k][0] for k in keys] + [r for k in keys for r in ready[k][1:]]
     out: list[Planned] = []
     for request in order:

@@ -5,8 +5,7 @@ behind :class:`~leyline_server.engines.base.Engine`. Its thread is a
 :class:`~leyline_server.engines.scheduler.Scheduler`: running streams decode together in one
 batched forward per step, prefills are cut into chunks that share those steps, keys take turns,
 and a stream decodes at most ``RUN_AHEAD`` tokens past what its consumer has taken. A turn's
-splice runs on that thread just before its prefill's chunks, atomically but for its replacement's
-prefill, which a long replacement takes in chunks between steps.
+splice is one atomic job on that thread, run just before its prefill's chunks.
 
 Constrained decoding (``engines.grammar``) runs inside each stream's sampling as a logits
 processor: the grammar advances on every token the stream samples, decoded ahead or not, and is
@@ -93,7 +92,8 @@ class ThreadedEngine(Generic[StageT]):
         """The logits processors ``params`` ask for: ``min_tokens``, then the constraint's grammar."""
         items: list[LogitsProcessor] = []
         if params.min_tokens:
-            items.append(SuppressUntil(params.stop_ids(self.core.info.eos_token_ids), params.min_tokens))
+            stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.core.info.eos_token_ids))
+            items.append(SuppressUntil(stops, params.min_tokens))
         if params.constraint is not None:
             items.append(self.grammar.mask(params.constraint))
         return Processors(items) if items else None
@@ -116,7 +116,7 @@ class ThreadedEngine(Generic[StageT]):
         request: SpliceRequest | None,
         owner: str | None = None,
     ) -> Turn:
-        """Splice ``session`` if asked (its long replacements in chunks), then prefill ``prompt`` in chunks.
+        """Splice ``session`` if asked (one atomic job), then prefill ``prompt`` in chunks.
 
         ``session`` is consumed unless ``SpliceError`` is raised; after any other error it has
         been released. ``owner``: the key whose turn it is (keys take turns between steps).

@@ -146,10 +146,6 @@ class SamplingParams(BaseModel):
     ignore_eos: bool = False
     constraint: Constraint | None = None
 
-    def stop_ids(self, eos: Sequence[int]) -> frozenset[int]:
-        """Token ids that end generation: ``stop_token_ids``, and the model's ``eos`` unless ``ignore_eos``."""
-        return frozenset(self.stop_token_ids) | (frozenset() if self.ignore_eos else frozenset(eos))
-
 
 class TokenLogprob(NamedTuple):
     """A token and its log-probability under the model (before temperature and penalties)."""

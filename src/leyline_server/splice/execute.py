@@ -206,7 +206,14 @@ def splice_for_turn(
     turn's prefill recomputes it from the cached prefix, and :func:`settle_forget` fills in the
     counts.
     """
-    return (yield from _leased(engine, handle, request, True, fill_chunk))
+    lease = _Lease(engine, handle)
+    try:
+        return (yield from _splice(engine, lease, request, time.perf_counter(), True, fill_chunk))
+    except SpliceError:
+        raise
+    except BaseException:
+        lease.release()
+        raise
 
 
 def settle_forget(report: SpliceReport, reused: int) -> SpliceReport:
@@ -225,18 +232,11 @@ def splice(engine: SpliceBackend[StageT], handle: Handle, request: SpliceRequest
     prompt, the same handle comes back with ``applied=False``; with a prompt, the fallback
     prefills the prompt.
     """
-    spliced, report = _drain(_leased(engine, handle, request, False, None))
-    assert spliced is not None  # nothing deferred
-    return spliced, report
-
-
-def _leased(
-    engine: SpliceBackend[StageT], handle: Handle, request: SpliceRequest, defer: bool, fill_chunk: int | None
-) -> Generator[None, None, tuple[Handle | None, SpliceReport]]:
-    """:func:`_splice` holding ``handle``: released after any error but a strict ``SpliceError``."""
     lease = _Lease(engine, handle)
     try:
-        return (yield from _splice(engine, lease, request, time.perf_counter(), defer, fill_chunk))
+        spliced, report = _drain(_splice(engine, lease, request, time.perf_counter()))
+        assert spliced is not None  # nothing deferred
+        return spliced, report
     except SpliceError:
         raise
     except BaseException:

@@ -79,9 +79,10 @@ class SlotPrefill(PrefillJob):
 
 @dataclass(eq=False)
 class SlotDecode(DecodeJob):
-    """A decode job's sampler and the slots of its context and generated tokens."""
+    """A decode job's sampler, stop tokens, and the slots of its context and generated tokens."""
 
     sampler: Sampler | None = None
+    stops: set[int] = field(default_factory=set)
     slots: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
     fresh: list[torch.Tensor] = field(default_factory=list)
 
@@ -133,12 +134,14 @@ def forward(engine: SlotEngine, chunks: Sequence[Chunk], decodes: Sequence[Decod
             engine.free(seg.slots)
         raise
     for (job, seg), row in zip(work, rows, strict=True):
-        assert isinstance(job, SlotDecode | SlotPrefill)
-        job.fresh.append(seg.slots)
-        job.slots = torch.cat([job.slots, seg.slots])
         if isinstance(job, SlotDecode):
+            job.fresh.append(seg.slots)
+            job.slots = torch.cat([job.slots, seg.slots])
             job.pending, job.logits = None, row
         else:
+            assert isinstance(job, SlotPrefill)
+            job.fresh.append(seg.slots)
+            job.slots = torch.cat([job.slots, seg.slots])
             job.done += len(seg.tokens)
             if row is not None:
                 job.logits = row
@@ -182,8 +185,8 @@ def start_decode(
 ) -> SlotDecode:
     """A decode job after ``handle``, its first token to be sampled from ``last_logits``."""
     pinned = Pinned.of(handle)
-    stops = params.stop_ids(engine.info.eos_token_ids)
-    job = SlotDecode(pinned, params, processors, logits=last_logits, stops=stops, sampler=Sampler(params, processors))
+    stops = Sampler.stops(params, engine.info.eos_token_ids)
+    job = SlotDecode(pinned, params, processors, logits=last_logits, sampler=Sampler(params, processors), stops=stops)
     job.slots = pinned.slots
     job.finished = params.max_tokens <= 0
     return job
@@ -194,8 +197,14 @@ def sample(engine: SlotEngine, decode: DecodeJob) -> GenerationStep:
     job = SlotDecode.of(decode)
     assert job.sampler is not None and job.logits is not None and not job.finished
     step = job.sampler.step(job.logits)
+    job.generated.append(step.token)
     job.logits = None
-    job.record(step, job.sampler.finished)
+    done = step.token in job.stops or job.sampler.finished
+    if done or len(job.generated) >= job.params.max_tokens:
+        step.finish_reason = "stop" if done else "length"
+        job.finished = True
+    else:
+        job.pending = step.token
     return step
 
 

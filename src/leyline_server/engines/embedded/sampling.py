@@ -9,6 +9,7 @@ top-p, min-p and a seeded draw. Logprobs are the model's own (before all of it).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 
 import torch
 
@@ -88,3 +89,8 @@ class Sampler:
     def finished(self) -> bool:
         """Whether a processor (a complete grammar) ends generation after the last token."""
         return bool(self.processors) and self.processors.finished  # type: ignore[union-attr]
+
+    @staticmethod
+    def stops(params: SamplingParams, eos: Sequence[int]) -> set[int]:
+        """Token ids that end generation (the model's EOS ones unless ``ignore_eos``)."""
+        return set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos))

@@ -24,7 +24,7 @@ a silent wrong token). Rows a later call of the same step would overwrite are co
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -51,11 +51,12 @@ class SeqPrefill(PrefillJob):
 @dataclass(eq=False)
 class SeqDecode(DecodeJob):
     """A decode job on ``entry`` (``None`` for a released handle with nothing to decode), with its
-    own sampler chain. ``logits``: a float32 row (the prefill's copy) or an :class:`OutputRow` of
-    the last step."""
+    own sampler chain and stop tokens. ``logits``: a float32 row (the prefill's copy) or an
+    :class:`OutputRow` of the last step."""
 
     entry: Entry | None = None
     sampler: TokenSampler | None = None
+    stops: frozenset[int] = field(default_factory=frozenset)
 
 
 class OutputRow(NamedTuple):
@@ -184,7 +185,7 @@ def start_decode(
     last_logits: np.ndarray | None,
     params: SamplingParams,
     processors: Processors | None,
-    stops: frozenset[int],
+    stops: set[int],
 ) -> SeqDecode:
     """A decode job on ``handle``'s ``entry``: made resident and ``busy`` (never parked while the job
     runs), with its own sampler chain; the first token is sampled from ``last_logits``."""
@@ -198,8 +199,8 @@ def start_decode(
             sampler.close()
             raise
         entry.busy += 1
-    job = SeqDecode(handle, params, processors, logits=last_logits, stops=stops, entry=entry, sampler=sampler)
-    job.finished = params.max_tokens == 0
+    job = SeqDecode(handle, params, processors, logits=last_logits, entry=entry, sampler=sampler)
+    job.stops, job.finished = frozenset(stops), params.max_tokens == 0
     return job
 
 
@@ -235,7 +236,13 @@ def sample(ctx: LlamaContext, decode: DecodeJob) -> GenerationStep:
     step = GenerationStep(token)
     if raw is not None:
         step.logprob, step.top_logprobs = logprobs(raw, token, params.top_logprobs)
-    job.record(step, bool(processors and processors.finished))
+    job.generated.append(token)
+    done = token in job.stops or bool(processors and processors.finished)
+    if done or len(job.generated) >= params.max_tokens:
+        step.finish_reason = "stop" if done else "length"
+        job.finished = True
+    else:
+        job.pending = token
     return step
 
 

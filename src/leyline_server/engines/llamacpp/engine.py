@@ -283,7 +283,7 @@ class LlamaCppEngine:
         self, handle: Handle, last_logits: Logits, params: SamplingParams, processors: Processors | None = None
     ) -> SeqDecode:
         """A decode job after ``handle`` (its entry resident and ``busy`` until ``finish_decode``)."""
-        stops = params.stop_ids(self._info.eos_token_ids)
+        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self._info.eos_token_ids))
         return start_decode(self.cache, handle, _entry(handle), last_logits, params, processors, stops)
 
     def sample(self, job: DecodeJob) -> GenerationStep:

@@ -334,10 +334,16 @@ class TokenSampler:
         L.llama_sampler_accept(self.chain, token)
         return token
 
+    def sample_last(self, ctx: LlamaContext) -> int:
+        """Pick the next token from ``ctx``'s last decoded row in place (no copy) and record it.
+
+        The same chain as :meth:`sample` applied by llama.cpp itself (``llama_sampler_sample``
+        fills the candidates and accepts the token in C): the per-token Python work is one call.
+        """
+        return self.sample_at(ctx, -1)
+
     def sample_at(self, ctx: LlamaContext, i: int) -> int:
-        """The token the chain picks from the output row of the last call's triple ``i`` (any of a
-        batch's rows; -1: the last), in llama.cpp's own buffer: the chain is applied by llama.cpp
-        itself (``llama_sampler_sample`` fills the candidates and accepts the token in C)."""
+        """:meth:`sample_last` for the output row of the last call's triple ``i`` (any of a batch's rows)."""
         return int(L.llama_sampler_sample(self.chain, ctx.ptr, i))
 
     def close(self) -> None:
