@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from leyline_server.api import decoder as decoder_module
-from leyline_server.api.decoder import TOOL_MARK, Outcome, TextDecoder, _without_unfinished_call
-from leyline_server.api.toolcalls import parse_tool_calls
+from leyline_server.api.decoder import Outcome, TextDecoder
+from leyline_server.api.toolcalls import parse_tool_calls, unfinished_call_at
 
 EOS = 2
 
@@ -93,15 +93,56 @@ def test_a_second_call_cut_short_leaves_no_framing_in_the_content(hf_tokenizer):
 
 # --- the incremental push against the decoder it replaced ---------------------------------------------------------
 
+CALL_HEADERS = ("", "json", "tool_call", "tool_code")
+
+
+def may_open_call(rest: str) -> bool:
+    """Whether ``rest`` begins ``{"name"`` or ``[{"name"`` (blanks aside), or may still."""
+    compact = "".join(rest[:64].split())
+    return any(compact.startswith(p) or p.startswith(compact) for p in ('{"name"', '[{"name"'))
+
+
+def naive_hold(text: str) -> int:
+    """Where a stream stops showing text, found by walking the whole text from its start every time."""
+    lead = len(text) - len(text.lstrip())
+    if lead < len(text) and text[lead] in "{[" and may_open_call(text[lead:]):
+        return lead
+    i = scanned = 0
+    while i < len(text):
+        if text.startswith("<tool_call>", i):
+            return i
+        if text.startswith("```", i):
+            line_end = text.find("\n", i)
+            header = text[i + 3 : len(text) if line_end < 0 else line_end].strip().lower()
+            if line_end < 0:
+                if any(h.startswith(header) for h in CALL_HEADERS):
+                    return i
+                return len(text)  # an ordinary block whose first line is still coming
+            body = text[line_end + 1 :]
+            if header in CALL_HEADERS and (not body.strip() or may_open_call(body.lstrip())):
+                return i
+            close = text.find("```", line_end + 1)  # an ordinary code block: shown to its closing fence
+            if close < 0:
+                return len(text)
+            i = scanned = close + 3
+            continue
+        i += 1
+    for k in range(min(len("<tool_call>") - 1, len(text)), 0, -1):  # the start of a marker, at the end
+        if len(text) - k >= scanned and (text.endswith("<tool_call>"[:k]) or (k < 3 and text.endswith("```"[:k]))):
+            return len(text) - k
+    return len(text)
+
 
 class NaiveDecoder:
     """The decoder as it was before push went incremental (a verbatim copy): the oracle."""
 
     def __init__(
-        self, tokenizer, stop_ids, stops, parse_tools=False, parallel=True, skip_special=False, keep_stop=False
-    ):
+        self, tokenizer, stop_ids, stops, parse_tools=False, parallel=True, skip_special=False, keep_stop=False,
+        tool_names=None,
+    ):  # fmt: skip
         self.tokenizer, self.stop_ids, self.stops = tokenizer, set(stop_ids), stops
         self.parse_tools, self.parallel = parse_tools, parallel
+        self.tool_names = frozenset(tool_names) if tool_names is not None else None
         self.skip_special = skip_special and not parse_tools
         self.keep_stop = keep_stop
         self.ids: list[int] = []
@@ -122,7 +163,7 @@ class NaiveDecoder:
         return text[:cut]
 
     def _visible(self, text: str) -> str:
-        return text.split(TOOL_MARK, 1)[0] if self.parse_tools else text
+        return text[: naive_hold(text)] if self.parse_tools else text
 
     def push(self, token: int) -> str:
         self.ids.append(token)
@@ -131,8 +172,6 @@ class NaiveDecoder:
             return ""
         visible = self._visible(text)
         hold = 0 if self.keep_stop else max((len(s) - 1 for s in self.stops), default=0)
-        if self.parse_tools:
-            hold = max(hold, len(TOOL_MARK) - 1)
         safe_end = len(visible) if self.stopped or len(visible) < len(text) else max(len(visible) - hold, 0)
         delta = visible[self.emitted : safe_end]
         self.emitted = max(self.emitted, safe_end)
@@ -140,9 +179,10 @@ class NaiveDecoder:
 
     def outcome(self, reason: str | None) -> Outcome:
         text = self.text()
-        content, calls = parse_tool_calls(text) if self.parse_tools else (text, [])
+        content, calls = parse_tool_calls(text, self.tool_names) if self.parse_tools else (text, [])
         if self.parse_tools:
-            content = _without_unfinished_call(content)
+            at = unfinished_call_at(content, self.tool_names)
+            content = content if at is None else content[:at]
         if not self.parallel:
             calls = calls[:1]
         if calls and not content.strip():
@@ -170,6 +210,11 @@ TEXTS = [
     "  spaced   out  \n\n",
     " STOP",
     "</s><|im_end|>",
+    '```json\n{"name": "read_file", "arguments": {"path": "a.py"}}\n```',
+    'Sure:\n```python\nprint("`")\n```\nthen\n```\n{"name": "b", "arguments": {}}\n```',
+    '{"name": "read_file", "arguments": {}}\n{"name": "b", "parameters": {"x": 1}} after',
+    '[{"name": "a", "arguments": {"q": [1, 2]}}]',
+    '{"title": "not a call"} ``',
 ]
 
 
@@ -178,7 +223,7 @@ def streamed(tok, ids, stop_ids, stops, after_stop=False, **flags) -> TextDecode
     new, old = TextDecoder(tok, stop_ids, stops, **flags), NaiveDecoder(tok, stop_ids, stops, **flags)
     kept: list[int] = []
     for token in ids:
-        assert new.push(token) == old.push(token), (new.ids, stops, flags)
+        assert new.push(token) == old.push(token), (tok.decode(new.ids), new.ids, stops, flags)
         assert (new.stopped, new.matched, new.emitted) == (old.stopped, old.matched, old.emitted)
         if new.keep_stop or token not in new.stop_ids:
             kept.append(token)
@@ -217,7 +262,8 @@ def answers(draw, tok, specials: list[int]):
     stop = st.one_of(cut.filter(bool), st.sampled_from(["STOP", "😀", "中文", "a", "<tool", " \n", "é"]))
     stops = draw(st.lists(stop, max_size=3))
     stop_ids = draw(st.lists(st.sampled_from(specials), max_size=2))
-    flags = {k: draw(st.booleans()) for k in ("parse_tools", "parallel", "skip_special", "keep_stop")}
+    flags: dict[str, Any] = {k: draw(st.booleans()) for k in ("parse_tools", "parallel", "skip_special", "keep_stop")}
+    flags["tool_names"] = draw(st.sampled_from([None, ["read_file", "a", "b"], ["b"]]))
     return ids, stop_ids, stops, draw(st.booleans()), flags
 
 

@@ -139,8 +139,66 @@ def tag(layout, tools, mode, parallel, answer=None) -> Constraint:
 
 
 def test_the_tiny_template_frames_calls_with_special_tokens(chat):
-    layout = probe_layout(chat.render_text, lambda t: chat.encode(t)[0])
-    assert layout == CallLayout("", "", "", open_token=3, close_token=4)
+    layout = probe_layout(chat.render_text, lambda t: chat.encode(t)[0], set(chat.tokenizer.all_special_ids))
+    assert layout == CallLayout("", "", "", open_token=3, close_token=4, special_marks=True)
+
+
+def walk_after(backend, constraint, tokenizer, prefix: str, trials=30, steps=60, seed=1):
+    """(completed?, text) of random walks that first write ``prefix`` (each of its tokens must be allowed)."""
+    rng, out = random.Random(seed), []
+    for _ in range(trials):
+        mask, ids = backend.mask(constraint), tokenizer(prefix, add_special_tokens=False)["input_ids"]
+        for token in ids:
+            logits = torch.zeros(1024)
+            mask.apply(logits)
+            assert torch.isfinite(logits[token]), (prefix, tokenizer.decode([token]))
+            mask.accept(token)
+        for _ in range(steps):
+            logits = torch.zeros(1024)
+            mask.apply(logits)
+            allowed = torch.isfinite(logits).nonzero().flatten().tolist()
+            token = EOS if EOS in allowed and rng.random() < 0.3 else rng.choice(allowed)
+            mask.accept(token)
+            if mask.finished:
+                break
+            ids.append(token)
+        out.append((mask.finished, tokenizer.decode(ids)))
+    return out
+
+
+@pytest.mark.parametrize(
+    "opening",
+    ['Sure.\n```json\n{\n  "name"', 'Ok ```\n{"name"', "Then <tool_call>", '```json\n{ "name"'],
+)
+def test_auto_lets_text_through_and_constrains_a_call_once_opened(backend, hf_tokenizer, opening):
+    layout = CallLayout("\n", "\n", "\n")  # markers written as text (Qwen's are ordinary tokens)
+    done = [t for f, t in walk_after(backend, tag(layout, TOOLS, "auto", False), hf_tokenizer, opening) if f]
+    assert len(done) >= 10
+    for text in done:
+        content, calls = parse_tool_calls(text, {"fa", "fb"})
+        assert len(calls) == 1, text  # the call opened: it names an offered function, its arguments validate
+        schema = {"fa": A, "fb": B}[calls[0]["function"]["name"]]
+        jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), schema)
+        assert content.startswith(opening.split("```")[0].split("<tool_call>")[0])
+
+
+def test_auto_leaves_ordinary_json_and_code_blocks_free(backend, hf_tokenizer):
+    layout = CallLayout("\n", "\n", "\n")
+    constraint = tag(layout, TOOLS, "auto", True)
+    for text in ('```json\n{"port": 80}\n```', '```python\nname = {"name": 1}\n```', "plain words"):
+        walked = walk_after(backend, constraint, hf_tokenizer, text, trials=1, steps=0)
+        assert walked[0][1] == text
+
+
+def test_auto_refuses_a_function_nobody_offered(backend, hf_tokenizer):
+    layout = CallLayout("\n", "\n", "\n")
+    mask = backend.mask(tag(layout, TOOLS, "auto", False))
+    for token in hf_tokenizer('```json\n{"name": "', add_special_tokens=False)["input_ids"]:
+        mask.accept(token)
+    logits = torch.zeros(1024)
+    mask.apply(logits)
+    allowed = {hf_tokenizer.decode([t]) for t in torch.isfinite(logits).nonzero().flatten().tolist()}
+    assert allowed and all("fa".startswith(a) or "fb".startswith(a) for a in allowed), allowed
 
 
 @pytest.mark.parametrize("parallel", [True, False])

@@ -4,10 +4,13 @@ forced or strict tool calls, as one engine :class:`~leyline_server.engines.base.
 * ``response_format``: ``text`` (nothing), ``json_object`` (any JSON object), ``json_schema`` (the
   schema, whatever ``strict`` says: SGLang enforces it too), SGLang's ``structural_tag``;
 * ``regex``, ``ebnf``: SGLang's fields, one output constraint at a time (400 otherwise);
-* tools (``api.tools``): ``required``/named calls and ``strict`` arguments as a structural tag in the
-  template's call syntax (``structured.toolcall``); with a JSON ``response_format`` and tools under
-  ``auto`` the answer is either calls or that JSON. A forced call together with an output
-  constraint is a 400 (as SGLang answers).
+* tools (``api.tools``): ``required``/named calls as a structural tag in the template's call
+  syntax, and under ``auto`` a lazy one: free text, but a call the model opens names an offered
+  function with arguments matching its schema (``structured.toolcall``); with a JSON
+  ``response_format`` and tools under ``auto`` the answer is either calls or that JSON. A forced
+  call together with an output constraint is a 400 (as SGLang answers); a ``regex``/``ebnf``
+  output under ``auto`` leaves calls unconstrained unless the request asks them enforced
+  (``strict`` functions, ``allowed_tools``: then a 400).
 
 Schemas are checked first (a valid JSON Schema, nothing decoding would leave unenforced; 400 naming
 the field), then rewritten for decoding (``structured.schema``). Compiling happens in the engine
@@ -45,7 +48,8 @@ class ConstraintPlan:
 def call_layout(chat: Any) -> CallLayout | None:
     """The template's tool-call framing (probed once per renderer)."""
     if chat not in _LAYOUTS:
-        _LAYOUTS[chat] = probe_layout(chat.render_text, lambda text: chat.encode(text)[0])
+        special = getattr(getattr(chat, "tokenizer", None), "all_special_ids", None) or ()
+        _LAYOUTS[chat] = probe_layout(chat.render_text, lambda text: chat.encode(text)[0], set(special))
     return _LAYOUTS[chat]
 
 
@@ -170,7 +174,10 @@ def plan_constraint(
     is_json = output is not None and output[0] == "json_schema"
     if output is not None and is_json:
         output = ("json_schema", checked_schema(output[1], output[2], budget), output[2])
-    if not (tools.constrained or (tools.parse and is_json)):
+    # calls are constrained whenever tools may be called, unless the request's own output constraint
+    # (regex, ebnf, a structural tag) takes the grammar and nothing asked that calls be enforced
+    lazy_only = output is not None and not is_json and not tools.enforced
+    if not tools.constrained or lazy_only:
         if output is None:
             return None
         kind, value, param = output

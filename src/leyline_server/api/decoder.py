@@ -4,7 +4,8 @@
 transport: the text (special tokens dropped unless kept, stop tokens trimmed, cut at the first stop
 string), the tool calls parsed out of it (only when the request had tools), the content left, and
 the finish reason. A stream shows text as it comes (:meth:`push`: whole characters only, never
-part of a stop string, nothing from the first ``<tool_call>`` on) and ends with :meth:`rest`, the
+part of a stop string, nothing from where a tool call may begin: :mod:`.callscan`) and ends with
+:meth:`rest`, the
 part of that same content not shown yet, so the deltas add up to the whole response's content for
 the same tokens, however generation ended (a ``max_tokens`` cut inside a call included: the
 unfinished call is content in both).
@@ -12,8 +13,9 @@ unfinished call is content in both).
 :meth:`~TextDecoder.push` costs time in proportion to the new text, not to the answer so far: it
 decodes a short window (the tokens since the last whole character, behind the chunk committed
 before them, so that a tokenizer that drops a first token's leading space treats the window as it
-treats the whole answer) and looks for stop strings and ``<tool_call>`` only in the new text and
-the few characters before it that a match could start in. Its text is ``tokenizer.decode`` of all
+treats the whole answer) and looks for stop strings only in the new text and the few characters
+before it that a match could start in (the call scan, likewise, re-reads only from its last
+undecided opening). Its text is ``tokenizer.decode`` of all
 the tokens; where that cannot be relied on, push decodes all the tokens each time, as it always
 did: a tokenizer that cleans up spaces across tokens, stop strings that are empty or hold U+FFFD,
 every push after a stop, and every later decoder of a tokenizer whose streamed text once differed
@@ -31,14 +33,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from leyline_server.api.toolcalls import parse_tool_calls
+from leyline_server.api.callscan import CallScan, hold_of
+from leyline_server.api.toolcalls import parse_tool_calls, unfinished_call_at
 
-__all__ = ["TextDecoder", "Outcome", "TOOL_MARK"]
+__all__ = ["TextDecoder", "Outcome"]
 
 log = logging.getLogger("leyline.api")
 
-TOOL_CLOSE = "</tool_call>"
-TOOL_MARK = "<tool_call>"
 PARTIAL = "\ufffd"  # a decode ends with it while a character's bytes are still to come
 
 # Tokenizers whose streamed text once differed from the whole decode: decoders decode everything for them.
@@ -60,8 +61,9 @@ class TextDecoder:
 
     ``stop_ids``: tokens that end generation (trimmed unless ``keep_stop``); ``stops``: stop
     strings (cut before them, or after them with ``keep_stop``: SGLang's ``no_stop_trim``);
-    ``parse_tools``: take ``<tool_call>`` blocks out as calls (special tokens are then kept, as
-    SGLang does, since call markers may be special tokens); ``parallel``: keep more than one call.
+    ``parse_tools``: take tool calls out of the text (:mod:`.toolcalls`; special tokens are then
+    kept, as SGLang does, since call markers may be special tokens); ``tool_names``: the offered
+    tools (a fenced or bare call must name one); ``parallel``: keep more than one call.
     """
 
     def __init__(
@@ -73,9 +75,11 @@ class TextDecoder:
         parallel: bool = True,
         skip_special: bool = False,
         keep_stop: bool = False,
+        tool_names: Iterable[str] | None = None,
     ) -> None:
         self.tokenizer, self.stop_ids, self.stops = tokenizer, set(stop_ids), stops
         self.parse_tools, self.parallel = parse_tools, parallel
+        self.tool_names = frozenset(tool_names) if tool_names is not None else None
         self.skip_special = skip_special and not parse_tools
         self.keep_stop = keep_stop
         self.ids: list[int] = []
@@ -83,10 +87,9 @@ class TextDecoder:
         self.stopped = False
         self.matched: str | None = None  # the stop string that ended the text, if one did
         self._hold = 0 if keep_stop else max((len(s) - 1 for s in stops), default=0)
-        if parse_tools:
-            self._hold = max(self._hold, len(TOOL_MARK) - 1)
         # How far back a match may start: the committed text's last ``_reach`` characters are kept.
-        self._reach = max([len(s) for s in stops] + ([len(TOOL_MARK)] if parse_tools else []), default=0)
+        self._reach = max((len(s) for s in stops), default=0)
+        self._scan = CallScan() if parse_tools else None  # where a tool call may begin
         self._whole = not _streams_exactly(tokenizer, stops)  # decode all the tokens on every push
         self._window: list[int] = []  # the tokens decoded together: the committed chunk, then the pending ones
         self._read = 0  # how many of them are the committed chunk
@@ -95,8 +98,7 @@ class TextDecoder:
         self._done = 0  # its length
         self._recent = ""  # its last ``_reach`` characters
         self._tail: str | None = ""  # the pending tokens' text as of the last push (None: not known)
-        self._unshown = ""  # the committed text from ``emitted`` on (to the end of the first ``<tool_call>``)
-        self._tool_at: int | None = None  # where the first ``<tool_call>`` starts, once one is seen
+        self._unshown = ""  # the committed text from ``emitted`` on
         self._pushed = 0  # ``len(ids)`` after the last push done in the window
         self._shown = 0  # ``emitted`` as that push left it
 
@@ -119,7 +121,7 @@ class TextDecoder:
         return text[:cut]
 
     def _visible(self, text: str) -> str:
-        return text.split(TOOL_MARK, 1)[0] if self.parse_tools else text
+        return text[: hold_of(text)] if self.parse_tools else text
 
     def push(self, token: int) -> str:
         """Add a token; return the new text that is safe to show."""
@@ -193,10 +195,9 @@ class TextDecoder:
         self._read = len(self._window)
         self._prefix = self.tokenizer.decode(self._window, skip_special_tokens=self.skip_special)
         self._chunks.append(tail)
-        end = self._done + len(tail) if self._tool_at is None else self._tool_at + len(TOOL_MARK)
-        room = end - (self.emitted + len(self._unshown))
-        if room > 0:
-            self._unshown += tail[:room]
+        if self._scan is not None:
+            self._scan.feed(tail)
+        self._unshown += tail
         self._done += len(tail)
         self._recent = (self._recent + tail)[-self._reach :] if self._reach else ""
         self._tail = ""
@@ -204,12 +205,10 @@ class TextDecoder:
     def _delta(self, region: str, base: int, before: int, cut: int, pending: str) -> str:
         """:meth:`push`'s answer once the text up to ``cut`` ends in a whole character."""
         end = cut
-        if self.parse_tools:
-            if self._tool_at is None:  # none in the first ``before`` characters: look where one could end
-                at = region.find(TOOL_MARK, max(before - len(TOOL_MARK) + 1, 0) - base)
-                self._tool_at = base + at if at >= 0 else None
-            if self._tool_at is not None and self._tool_at + len(TOOL_MARK) <= cut:
-                end = self._tool_at
+        if self._scan is not None:  # a stop string cut the text: the hold of the text as cut
+            hold = hold_of((self._scan.text + pending)[:cut]) if self.stopped else self._scan.hold(pending)
+            if hold is not None and hold < end:
+                end = hold
         safe_end = end if self.stopped or end < cut else max(end - self._hold, 0)
         delta = ""
         if safe_end > self.emitted:
@@ -217,8 +216,6 @@ class TextDecoder:
             delta = (self._unshown + pending)[:shown]
             self._unshown = self._unshown[shown:]
             self.emitted = safe_end
-        if self._tool_at is not None:  # nothing past the mark is ever shown (a stop may cut inside it)
-            self._unshown = self._unshown[: max(self._tool_at + len(TOOL_MARK) - self.emitted, 0)]
         self._shown = self.emitted
         return delta
 
@@ -227,9 +224,10 @@ class TextDecoder:
         decoded = self._decode_all()
         self._check(decoded)
         text = self._cut_whole(decoded)
-        content, calls = parse_tool_calls(text) if self.parse_tools else (text, [])
+        content, calls = parse_tool_calls(text, self.tool_names) if self.parse_tools else (text, [])
         if self.parse_tools:  # a call cut short (a length limit) is no content: its framing never leaks
-            content = _without_unfinished_call(content)
+            cut_at = unfinished_call_at(content, self.tool_names)
+            content = content if cut_at is None else content[:cut_at]
         if not self.parallel:
             calls = calls[:1]
         if calls and not content.strip():
@@ -278,11 +276,3 @@ def _cleans_up(tokenizer: Any) -> bool:
     model = type(getattr(getattr(tokenizer, "backend_tokenizer", None), "model", None)).__name__
     forced = getattr(tokenizer, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False)
     return model != "BPE" or bool(forced)
-
-
-def _without_unfinished_call(content: str) -> str:
-    """``content`` without a trailing ``<tool_call>`` that never closed."""
-    at = content.rfind(TOOL_MARK)
-    if at < 0 or TOOL_CLOSE in content[at:]:
-        return content
-    return content[:at]

@@ -266,6 +266,7 @@ class ChatPipeline:
             stop_strings(req),
             parse_tools=tools.parse,
             parallel=tools.parallel,
+            tool_names=tools.names,
             skip_special=req.skip_special_tokens is not False,
             keep_stop=bool(req.no_stop_trim),
         )

@@ -2,7 +2,7 @@
 
 Only function tools exist here (OpenAI's ``custom`` tools and anything else: 400 naming
 ``tools.<i>.type``). ``tool_choice``: ``none`` (no calls parsed, no constraint), ``auto`` (the model
-chooses; ``strict`` functions' arguments are enforced once it opens a call), ``required`` (at least
+chooses; once it opens a call, the call must name a listed function and match its schema), ``required`` (at least
 one call of a listed function, enforced), a named function (exactly one call of it, enforced),
 or ``allowed_tools`` (``auto``/``required`` over a subset). ``parallel_tool_calls: false`` allows one
 call (enforced where calls are, and only the first parsed call is returned).
@@ -47,8 +47,22 @@ class ToolPlan:
 
     @property
     def constrained(self) -> bool:
-        """Whether tool calls are decoded under a grammar."""
+        """Whether tool calls are decoded under a grammar: whenever tools may be called.
+
+        ``auto`` lets the model write text, but a call it opens must name an offered function and
+        give arguments matching its schema (:mod:`leyline_server.structured.toolcall`).
+        """
+        return self.mode in ("auto", "required") and bool(self.functions)
+
+    @property
+    def enforced(self) -> bool:
+        """Whether the request itself asks that calls be enforced (required, named, ``allowed_tools``, ``strict``)."""
         return self.forced or (self.mode == "auto" and (self.restricted or any(f.strict for f in self.functions)))
+
+    @property
+    def names(self) -> frozenset[str]:
+        """The functions that may be called."""
+        return frozenset(f.name for f in self.functions)
 
 
 def _bad(message: str, param: str) -> APIError:

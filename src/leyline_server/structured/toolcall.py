@@ -10,8 +10,12 @@ makes the model write calls in that framing:
 * ``required``: one call (several, separated as the template separates them, when parallel calls
   are allowed) of any listed function, nothing else;
 * a named function: exactly one call of it;
-* ``auto`` with ``strict`` functions: free text, but once the model opens a call it must name a
-  listed function and give arguments matching its schema;
+* ``auto``: free text, but once the model opens a call it must name a listed function and give
+  arguments matching its schema. A call opens with the template's ``<tool_call>``, or with a code
+  fence holding a call object (``` ```json ``` then ``{"name"``: what small models such as
+  Qwen2.5-Coder write although their template asks for tags; :data:`FENCE_TRIGGERS`), the forms
+  :mod:`leyline_server.api.toolcalls` parses. Where the marker is a special token (text cannot
+  spell it) the call is triggered by that token alone;
 * with a JSON ``response_format`` too: either calls, or the JSON answer.
 
 Arguments follow each function's ``parameters`` schema, written as compact JSON (``", "`` and
@@ -21,13 +25,31 @@ Arguments follow each function's ``parameters`` schema, written as compact JSON 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CallLayout", "ToolSpec", "probe_layout", "tool_call_tag", "json_grammar", "MARK_OPEN", "MARK_CLOSE"]
+__all__ = [
+    "CallLayout",
+    "ToolSpec",
+    "probe_layout",
+    "tool_call_tag",
+    "json_grammar",
+    "MARK_OPEN",
+    "MARK_CLOSE",
+    "FENCE_TRIGGERS",
+]
 
 MARK_OPEN, MARK_CLOSE = "<tool_call>", "</tool_call>"
+# A fenced call object, as far as its first key: every way the models seen write it (the fence with
+# or without ``json``; compact, two- and four-space indented, spaced). Once one is written the rest
+# of the call is constrained; a fenced JSON value whose first key is not ``name`` stays free text.
+FENCE_TRIGGERS = tuple(
+    fence + brace
+    for fence in ("```json\n", "```\n")
+    for brace in ('{"name"', '{\n  "name"', '{\n    "name"', '{ "name"')
+)
+FENCE_CLOSE = "}\n```"
 _PROBE = ("leyline_probe_a", "leyline_probe_b")
 
 
@@ -36,7 +58,8 @@ class CallLayout:
     """How a template frames tool calls: ``<open>{before}{payload}{after}<close>``, calls joined by ``between``.
 
     ``open_token``/``close_token``: the marker's id when the tokenizer has it as one token (it is
-    then forced by id, which also works for special tokens that text cannot spell).
+    then forced by id, which also works for special tokens that text cannot spell);
+    ``special_marks``: the markers are special tokens (no text spells them).
     """
 
     before: str = ""
@@ -44,6 +67,7 @@ class CallLayout:
     between: str = ""
     open_token: int | None = None
     close_token: int | None = None
+    special_marks: bool = False
 
 
 @dataclass(frozen=True)
@@ -59,8 +83,13 @@ def _single_token(encode: Callable[[str], list[int]], text: str) -> int | None:
     return ids[0] if len(ids) == 1 else None
 
 
-def probe_layout(render_text: Callable[..., str], encode: Callable[[str], list[int]]) -> CallLayout | None:
-    """The template's call framing, read from a rendered two-call message; ``None`` without ``<tool_call>``."""
+def probe_layout(
+    render_text: Callable[..., str], encode: Callable[[str], list[int]], special_ids: Collection[int] = ()
+) -> CallLayout | None:
+    """The template's call framing, read from a rendered two-call message; ``None`` without ``<tool_call>``.
+
+    ``special_ids``: the tokenizer's special tokens (markers among them are matched by id only).
+    """
     calls = [
         {"id": f"c{i}", "type": "function", "function": {"name": n, "arguments": '{"x": 1}'}}
         for i, n in enumerate(_PROBE)
@@ -93,7 +122,9 @@ def probe_layout(render_text: Callable[..., str], encode: Callable[[str], list[i
         return None
     if parsed.get("name") != _PROBE[0] or before.strip() or between.strip():
         return None
-    return CallLayout(before, after, between, _single_token(encode, MARK_OPEN), _single_token(encode, MARK_CLOSE))
+    opening, closing = _single_token(encode, MARK_OPEN), _single_token(encode, MARK_CLOSE)
+    special = opening in special_ids or closing in special_ids
+    return CallLayout(before, after, between, opening, closing, special and None not in (opening, closing))
 
 
 def json_grammar(schema: Any) -> str:
@@ -134,9 +165,26 @@ def _calls(layout: CallLayout, tools: Sequence[ToolSpec], parallel: bool) -> dic
     return {"type": "sequence", "elements": [one, {"type": "star", "content": more}]}
 
 
+def _named(head: str, tools: Sequence[ToolSpec]) -> dict[str, Any]:
+    """``{head}"<name>", "arguments": <its grammar>`` for one of ``tools``."""
+    bodies = [
+        {
+            "type": "sequence",
+            "elements": [*_text(head + json.dumps(t.name, ensure_ascii=False) + ', "arguments": '), _grammar(t)],
+        }
+        for t in tools
+    ]
+    return _one_of(bodies)
+
+
+def _grammar(tool: ToolSpec) -> dict[str, Any]:
+    return {"type": "grammar", "grammar": tool.grammar}
+
+
 def _triggered(layout: CallLayout, tools: Sequence[ToolSpec], parallel: bool) -> dict[str, Any]:
-    """Free text; a call, once opened, names a listed function with matching arguments."""
-    if layout.open_token is not None and layout.close_token is not None:
+    """Free text; a call, once opened (a tag or a fenced call object), names a listed function, arguments matching."""
+    if layout.special_marks:
+        assert layout.open_token is not None and layout.close_token is not None
         tags = [
             {
                 "type": "tag",
@@ -152,12 +200,19 @@ def _triggered(layout: CallLayout, tools: Sequence[ToolSpec], parallel: bool) ->
             "tags": tags,
             "stop_after_first": not parallel,
         }
-    str_tags = []
-    for t in tools:
-        head = MARK_OPEN + layout.before + '{"name": ' + json.dumps(t.name, ensure_ascii=False) + ', "arguments": '
-        content = {"type": "grammar", "grammar": t.grammar}
-        str_tags.append({"type": "tag", "begin": head, "content": content, "end": "}" + layout.after + MARK_CLOSE})
-    return {"type": "triggered_tags", "triggers": [MARK_OPEN], "tags": str_tags, "stop_after_first": not parallel}
+    tagged = {
+        "type": "tag",
+        "begin": MARK_OPEN,
+        "content": _named(layout.before + '{"name": ', tools),
+        "end": "}" + layout.after + MARK_CLOSE,
+    }
+    fenced = [{"type": "tag", "begin": t, "content": _named(": ", tools), "end": FENCE_CLOSE} for t in FENCE_TRIGGERS]
+    return {
+        "type": "triggered_tags",
+        "triggers": [MARK_OPEN, *FENCE_TRIGGERS],
+        "tags": [tagged, *fenced],
+        "stop_after_first": not parallel,
+    }
 
 
 def tool_call_tag(
