@@ -156,10 +156,12 @@ async def test_an_edit_given_twice_is_applied_and_reported_once(engine):
             "keep": {"type": "tool_uses", "value": 1}}  # fmt: skip
     with serve(service(engine)) as url:
         async with anthropic.AsyncAnthropic(base_url=url, api_key="x", max_retries=0) as claude:
-            once = await claude.messages.create(model=MODEL, max_tokens=2, messages=tool_loop(5),
-                                                extra_body={"context_management": {"edits": [edit]}})  # fmt: skip
-            twice = await claude.messages.create(model=MODEL, max_tokens=2, messages=tool_loop(5),
-                                                 extra_body={"context_management": {"edits": [edit, edit]}})  # fmt: skip
+            answers = [
+                await claude.messages.create(model=MODEL, max_tokens=2, messages=tool_loop(5),
+                                             extra_body={"context_management": {"edits": edits}})
+                for edits in ([edit], [edit, edit])
+            ]  # fmt: skip
+    once, twice = answers
     applied = once.model_dump()["context_management"]["applied_edits"]
     assert applied[0]["cleared_tool_uses"] == 4
     assert twice.model_dump()["context_management"]["applied_edits"] == applied
