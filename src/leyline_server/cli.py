@@ -100,6 +100,10 @@ def _server_args(parser: argparse.ArgumentParser) -> None:
         "--max-response-tokens-per-key", type=int, default=4_000_000,
         help="tokens (prompt + completion) of the stored responses kept per API key",
     )  # fmt: skip
+    group.add_argument(
+        "--max-response-mb-per-key", type=float, default=64.0,
+        help="MiB of the stored responses kept per API key (their JSON: echoed fields, input items, history)",
+    )  # fmt: skip
     group.add_argument("--response-ttl", type=float, default=3600.0, help="seconds an idle stored response is kept")
     group.add_argument(
         "--default-max-tokens", type=int, default=None,
@@ -241,6 +245,7 @@ def server_config(args: argparse.Namespace) -> Any:
         session_ttl_s=args.session_ttl,
         responses_per_key=args.max_responses_per_key,
         responses_tokens_per_key=args.max_response_tokens_per_key,
+        responses_bytes_per_key=int(args.max_response_mb_per_key * 2**20),
         responses_ttl_s=args.response_ttl,
         default_max_tokens=args.default_max_tokens,
         max_body_bytes=int(args.max_body_mb * 2**20),

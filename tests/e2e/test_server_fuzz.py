@@ -5,6 +5,10 @@
   missing fields, out-of-range values) — against a real server on a loopback port, with and
   without the API key, path ids both random and real. ``LEYLINE_FUZZ_EXAMPLES`` (default 1,500)
   bounds the run (about a minute on two cores).
+* :func:`test_responses_and_messages_bodies_fuzzed_from_their_own_apis_never_5xx`: the same for
+  ``/v1/responses`` and ``/v1/messages``, their bodies typed as OpenAI's and Anthropic's APIs
+  define them (:mod:`tests.e2e.protocol_schemas`: input items, content blocks, tools, context
+  edits) instead of the server's ``Any``; ``LEYLINE_PROTOCOL_FUZZ_EXAMPLES`` (default 1,000).
 * The hypothesis tests below send structurally random JSON in-process, infinities included.
 
 What a schema cannot express (lone surrogates, non-ASCII headers, chunked bodies, huge directive
@@ -17,6 +21,8 @@ import asyncio
 import json
 import os
 from collections import Counter
+from collections.abc import Callable
+from typing import Any
 
 import httpx
 import pytest
@@ -26,10 +32,13 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
+from leyline_sdk.core.responses_items import seal
 from leyline_server.api.app import create_app
+from tests.e2e.protocol_schemas import detailed
 from tests.e2e.server_helpers import make_service, running_server
 
 FUZZ_EXAMPLES = int(os.environ.get("LEYLINE_FUZZ_EXAMPLES", "1500"))
+PROTOCOL_EXAMPLES = int(os.environ.get("LEYLINE_PROTOCOL_FUZZ_EXAMPLES", "1000"))
 KEY = "fuzz-key"
 
 json_values = st.recursive(
@@ -126,6 +135,48 @@ def _error_shape(response: requests.Response, path: str) -> None:
     assert set(error) == {"type", "code", "message", "param"} and error["message"], error
 
 
+SERVER_ERRORS = ('"server_error"', '"internal_error"', '"api_error"')  # a stream's error event of a 5xx kind
+
+
+def _cases(schema: Any) -> Any:
+    """The cases of ``schema`` (an API, or one operation): valid ones and invalid ones."""
+    return schema.as_strategy(GenerationMode.POSITIVE) | schema.as_strategy(GenerationMode.NEGATIVE)
+
+
+def _fuzz(url: str, strategy: Any, examples: int, real_ids: Callable[[Any], None]) -> Counter:
+    """Run ``strategy``'s cases against ``url``: no 5xx, errors in their protocol's shape, no stream
+    that fails with a server error. ``real_ids(case)`` swaps real ids in."""
+    statuses: Counter = Counter()
+    http = requests.Session()
+    auth = {"Authorization": f"Bearer {KEY}"}
+
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        phases=[Phase.explicit, Phase.generate, Phase.shrink],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(case=strategy, use_real_ids=st.booleans(), with_key=st.integers(0, 9), served_model=st.booleans())
+    def fuzz(case, use_real_ids, with_key, served_model):
+        if use_real_ids:
+            real_ids(case)
+        if served_model and isinstance(case.body, dict) and "model" in case.body:
+            case.body = {**case.body, "model": "tiny-mla"}  # past the 404, into the rest of the request
+        response = case.call(base_url=url, session=http, headers=auth if with_key else {}, timeout=120)
+        statuses[(case.method.upper(), case.path, response.status_code)] += 1
+        where = (case.method, case.formatted_path, response.status_code, response.text[:300], repr(case.body)[:300])
+        assert response.status_code < 500, where
+        if response.status_code >= 400 and case.path != "/metrics":
+            _error_shape(response, case.path)
+        if "text/event-stream" in str(response.headers.get("content-type")):
+            assert not any(marker in response.text for marker in SERVER_ERRORS), where
+
+    fuzz()
+    assert httpx.get(url + "/health").status_code == 200
+    return statuses
+
+
 def test_every_route_fuzzed_from_its_openapi_schema_never_5xx():
     service = make_service(default_max_tokens=2, api_keys=frozenset({KEY}), render_timeout_s=5.0)
     with running_server(service) as url:
@@ -141,31 +192,52 @@ def test_every_route_fuzzed_from_its_openapi_schema_never_5xx():
         schema = schemathesis.openapi.from_url(url + "/openapi.json")
         operations = {(op.ok().method.upper(), op.ok().path) for op in schema.get_all_operations()}
         assert len(operations) >= 11, operations  # every route is in the schema
-        strategy = schema.as_strategy(GenerationMode.POSITIVE) | schema.as_strategy(GenerationMode.NEGATIVE)
-        statuses: Counter = Counter()
-        http = requests.Session()
 
-        @settings(
-            max_examples=FUZZ_EXAMPLES,
-            deadline=None,
-            database=None,
-            phases=[Phase.explicit, Phase.generate, Phase.shrink],
-            suppress_health_check=list(HealthCheck),
-        )
-        @given(case=strategy, use_real_ids=st.booleans(), with_key=st.integers(0, 9), served_model=st.booleans())
-        def fuzz(case, use_real_ids, with_key, served_model):
-            if use_real_ids and case.path_parameters:
+        def real_ids(case: Any) -> None:
+            if case.path_parameters:
                 case.path_parameters = {k: real.get(k, v) for k, v in case.path_parameters.items()}
-            if served_model and isinstance(case.body, dict) and "model" in case.body:
-                case.body = {**case.body, "model": "tiny-mla"}  # past the 404, into the rest of the request
-            response = case.call(base_url=url, session=http, headers=auth if with_key else {}, timeout=120)
-            statuses[(case.method.upper(), case.path, response.status_code)] += 1
-            where = (case.method, case.formatted_path, response.status_code, response.text[:300], repr(case.body)[:300])
-            assert response.status_code < 500, where
-            if response.status_code >= 400 and case.path != "/metrics":
-                _error_shape(response, case.path)
 
-        fuzz()
-        assert httpx.get(url + "/health").status_code == 200
+        statuses = _fuzz(url, _cases(schema), FUZZ_EXAMPLES, real_ids)
     served = {(m, p) for m, p, status in statuses if status < 400}
     assert len(served) >= 9 and ("POST", "/v1/chat/completions") in served, statuses  # past validation
+
+
+BODY_ROUTES = {("POST", "/v1/responses"), ("POST", "/v1/messages"), ("POST", "/v1/messages/count_tokens")}
+
+
+def _stored(url: str) -> tuple[str, list[str]]:
+    """A stored response of ``KEY`` with a message and a sealed reasoning item: its id and its items' ids."""
+    items = [
+        {"type": "message", "role": "user", "content": "remember", "id": "msg_fuzz"},
+        {"type": "reasoning", "id": "rs_fuzz", "summary": [], "encrypted_content": seal("thinking " * 50)},
+    ]
+    body = {"model": "tiny-mla", "input": items, "include": ["reasoning.encrypted_content"]}
+    answer = httpx.post(url + "/v1/responses", json=body, headers={"Authorization": f"Bearer {KEY}"}).json()
+    return answer["id"], ["msg_fuzz", "rs_fuzz", *(item["id"] for item in answer["output"])]
+
+
+def test_responses_and_messages_bodies_fuzzed_from_their_own_apis_never_5xx():
+    """The request bodies of ``/v1/responses`` and ``/v1/messages`` (and ``count_tokens``) as OpenAI
+    and Anthropic define them (:mod:`tests.e2e.protocol_schemas`), valid and invalid, stored ids and
+    item references real or not, on a server that recognises conversations and splices."""
+    service = make_service(default_max_tokens=2, api_keys=frozenset({KEY}), render_timeout_s=5.0, auto_splice=True)
+    with running_server(service) as url:
+        response_id, item_ids = _stored(url)
+        openapi = detailed(httpx.get(url + "/openapi.json").json(), "tiny-mla")
+        schema = schemathesis.openapi.from_dict(openapi).include(path_regex="^/v1/(responses|messages)", method="POST")
+        operations = {(op.ok().method.upper(), op.ok().path) for op in schema.get_all_operations()}
+        assert operations == BODY_ROUTES
+
+        def real_ids(case: Any) -> None:
+            body = case.body if isinstance(case.body, dict) else {}
+            if "previous_response_id" in body:
+                body["previous_response_id"] = response_id
+            for n, item in enumerate(body.get("input") if isinstance(body.get("input"), list) else []):
+                if isinstance(item, dict) and item.get("type") == "item_reference":
+                    item["id"] = item_ids[n % len(item_ids)]
+
+        statuses: Counter = Counter()
+        for operation in schema.get_all_operations():  # each its share of the examples
+            statuses += _fuzz(url, _cases(operation.ok()), PROTOCOL_EXAMPLES // len(operations), real_ids)
+    served = {(m, p) for m, p, status in statuses if status < 400}
+    assert served == BODY_ROUTES, statuses  # each past validation too

@@ -1,4 +1,4 @@
-"""The stored responses' bounds, against a naive model of them: per key in count and tokens, least
+"""The stored responses' bounds, against a naive model of them: per key in count, tokens and bytes, least
 recently used first out, idle ones expired, another key's invisible."""
 
 from __future__ import annotations
@@ -65,3 +65,27 @@ def test_another_keys_response_and_items_are_invisible():
 def test_limits_must_be_positive():
     with pytest.raises(ValueError):
         ResponseStore(max_per_key=0)
+
+
+def test_byte_bound_counts_what_is_kept():
+    store = ResponseStore(max_bytes_per_key=1000, clock=Clock())
+    for i in range(3):
+        big = stored(f"a{i}", "ka")
+        big.input_items[0]["junk"] = "x" * 300  # about 400 bytes each, kept whole
+        store.put(big)
+    assert store.get("a0", "ka") is None and store.get("a1", "ka") and store.get("a2", "ka")
+    assert 600 < store.bytes_of("ka") <= 1000 and store.bytes_of("kb") == 0
+
+
+def test_a_reference_is_not_an_item_and_expired_items_are_gone():
+    clock = Clock()
+    store = ResponseStore(ttl_s=10, clock=clock)
+    store.put(stored("a0", "ka"))
+    later = stored("a1", "ka")
+    later.input_items = [{"type": "item_reference", "id": "item_a0"}]
+    store.put(later)
+    assert store.item("ka")("item_a0") == stored("a0", "ka").input_items[0]  # not the reference
+    find = store.item("ka")
+    clock.now = 11
+    assert find("item_a0") is None  # a lookup made before the response expired does not find it after
+    assert store.item("ka")("item_a0") is None and len(store) == 0

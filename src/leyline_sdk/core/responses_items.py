@@ -15,6 +15,7 @@ Input (a string or items) becomes chat messages:
   back; reasoning it cannot read (another provider's) is dropped, as its summary is not the
   reasoning the model wrote;
 * ``item_reference`` is the stored item of that id (the caller's key only);
+* an item's ``id``, when given, is a string (a 400 naming it otherwise);
 * anything else (hosted tools' calls: ``web_search_call``, ``local_shell_call``, ``custom_tool_call``,
   ``mcp_*``, ``compaction``, ...) is a 400 naming the item: this server runs no hosted tool.
 
@@ -23,6 +24,11 @@ The answer goes back as output items: an optional ``reasoning`` item, a ``messag
 :func:`to_items` turns chat messages back into input items (what the SDK sends after its
 policies edited the conversation), :func:`chat_tools` the Responses API's tools into chat tools.
 Refusals raise :class:`ItemError` (the server answers them as 400s naming ``param``).
+
+Cost: each distinct ``encrypted_content`` is decoded once per conversion, however many items or
+references carry it; with ``max_chars`` the conversion stops with a 400
+``context_length_exceeded`` as soon as the messages it built hold more characters than that (an
+item referenced a thousand times counts a thousand times), before they are ever rendered.
 """
 
 from __future__ import annotations
@@ -106,9 +112,26 @@ def _text(content: Any, param: str) -> str:
 class _Builder:
     """Chat messages under construction: calls join the assistant message before them."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_chars: int | None = None) -> None:
         self.messages: list[dict[str, Any]] = []
         self.reasoning: str | None = None  # read from a reasoning item, for the next assistant message
+        self.chars, self.max_chars = 0, max_chars
+        self._unsealed: dict[str, str | None] = {}  # each sealed text decoded once
+
+    def unseal(self, content: Any) -> str | None:
+        """:func:`unseal`, once per distinct text."""
+        if not isinstance(content, str):
+            return None
+        if content not in self._unsealed:
+            self._unsealed[content] = unseal(content)
+        return self._unsealed[content]
+
+    def count(self, *texts: str | None) -> None:
+        """Charge ``texts`` to the character budget (an :class:`ItemError` past it)."""
+        self.chars += sum(len(t) for t in texts if t)
+        if self.max_chars is not None and self.chars > self.max_chars:
+            message = f"the input holds over {self.max_chars} characters, more than the context can hold"
+            raise ItemError(message, "input", "context_length_exceeded")
 
     def _assistant(self) -> dict[str, Any]:
         last = self.messages[-1] if self.messages else None
@@ -120,18 +143,23 @@ class _Builder:
 
     def message(self, role: str, text: str) -> None:
         out: dict[str, Any] = {"role": "system" if role == "developer" else role, "content": text}
+        self.count(text)
         if role == "assistant" and self.reasoning is not None:
+            self.count(self.reasoning)
             out["reasoning_content"], self.reasoning = self.reasoning, None
         self.messages.append(out)
 
     def call(self, call_id: str, name: str, arguments: str) -> None:
         message = self._assistant()
+        self.count(call_id, name, arguments)
         if self.reasoning is not None and "reasoning_content" not in message:
+            self.count(self.reasoning)
             message["reasoning_content"], self.reasoning = self.reasoning, None
         call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
         message.setdefault("tool_calls", []).append(call)
 
     def output(self, call_id: str, text: str) -> None:
+        self.count(call_id, text)
         self.messages.append({"role": "tool", "tool_call_id": call_id, "content": text})
 
 
@@ -153,6 +181,8 @@ def _call_item(builder: _Builder, item: Mapping[str, Any], where: str) -> None:
 def _add(builder: _Builder, item: Any, where: str, resolve: Callable[[str], Mapping[str, Any] | None]) -> None:
     if not isinstance(item, Mapping):
         raise _bad("an input item must be an object", where)
+    if item.get("id") is not None and not isinstance(item["id"], str):
+        raise _bad("an item's id must be a string", f"{where}.id")
     kind = item.get("type", "message" if "role" in item else None)
     if kind == "message":
         _message_item(builder, item, where)
@@ -164,7 +194,7 @@ def _add(builder: _Builder, item: Any, where: str, resolve: Callable[[str], Mapp
             raise _bad("a function_call_output needs a call_id", f"{where}.call_id")
         builder.output(call_id, _text(item.get("output", ""), f"{where}.output"))
     elif kind == "reasoning":
-        builder.reasoning = unseal(item.get("encrypted_content"))
+        builder.reasoning = builder.unseal(item.get("encrypted_content"))
     elif kind == "item_reference":
         ref = item.get("id")
         found = resolve(ref) if isinstance(ref, str) else None
@@ -181,10 +211,14 @@ def to_messages(
     history: Sequence[Mapping[str, Any]],
     items: Any,
     resolve: Callable[[str], Mapping[str, Any] | None] = lambda _: None,
+    max_chars: int | None = None,
 ) -> list[dict[str, Any]]:
     """The chat messages of a request: ``instructions`` first (a system message), then the
-    ``history`` (chat messages of a previous response), then ``items`` (a string: one user message)."""
-    builder = _Builder()
+    ``history`` (chat messages of a previous response), then ``items`` (a string: one user message).
+
+    ``max_chars``: the most characters the messages built from ``items`` may hold (see the module
+    docstring)."""
+    builder = _Builder(max_chars)
     if instructions:
         builder.message("system", instructions)
     builder.messages += [dict(m) for m in history]
@@ -285,7 +319,10 @@ def chat_tools(tools: Sequence[Any] | None) -> tuple[list[dict[str, Any]], list[
         if kind == "function":
             out.append(_function(tool, str(tool.get("name")), f"tools.{i}"))
         elif kind == "namespace":
-            for j, inner in enumerate(tool.get("tools") or []):
+            inner_tools = tool.get("tools") or []
+            if not isinstance(inner_tools, list):
+                raise _bad("a namespace's tools must be a list", f"tools.{i}.tools")
+            for j, inner in enumerate(inner_tools):
                 if isinstance(inner, Mapping) and inner.get("type") == "function":
                     out.append(_function(inner, f"{tool.get('name')}.{inner.get('name')}", f"tools.{i}.tools.{j}"))
                 else:

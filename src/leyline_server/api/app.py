@@ -77,7 +77,10 @@ def create_app(service: LeylineService) -> FastAPI:
     app.state.pipeline = ChatPipeline(service)
     config = service.config
     app.state.responses = ResponseStore(
-        config.responses_per_key, config.responses_tokens_per_key, config.responses_ttl_s
+        config.responses_per_key,
+        config.responses_tokens_per_key,
+        config.responses_ttl_s,
+        max_bytes_per_key=config.responses_bytes_per_key,
     )
     install_error_handlers(app)
     app.add_middleware(Guard, config=service.config, metrics=service.metrics)

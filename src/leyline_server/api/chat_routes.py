@@ -18,7 +18,7 @@ from leyline_server.api.errors import APIError, error_body
 from leyline_server.api.pipeline import OpenTurn
 from leyline_server.api.responses import Completion, sse
 from leyline_server.api.schemas import ChatCompletionRequest
-from leyline_server.api.streaming import ClosingStream
+from leyline_server.api.streaming import ClosingStream, stream_failed
 
 __all__ = ["router"]
 
@@ -42,7 +42,7 @@ async def _complete(turn: OpenTurn, completion: Completion, logprobs: bool) -> d
     )
 
 
-async def _events(turn: OpenTurn, completion: Completion, include_usage: bool) -> AsyncIterator[str]:
+async def _events(turn: OpenTurn, completion: Completion, include_usage: bool, request: Request) -> AsyncIterator[str]:
     try:
         yield completion.chunk({"role": "assistant", "content": ""})
         pending: list[dict[str, Any]] = []
@@ -62,9 +62,11 @@ async def _events(turn: OpenTurn, completion: Completion, include_usage: bool) -
         if include_usage:
             yield completion.usage_chunk(turn.chat.turn)
     except APIError as exc:  # headers are sent: report in the stream, then end it
+        stream_failed(request, exc.status)
         yield sse(error_body(exc.status, exc.code, exc.message, exc.param))
     except Exception as exc:
         log.exception("stream %s failed", completion.id)
+        stream_failed(request, 500)
         yield sse(error_body(500, "internal_error", f"generation failed: {exc}"))
     yield "data: [DONE]\n\n"
 
@@ -86,6 +88,6 @@ async def chat_completions(
         finally:
             await turn.close()
     include_usage = bool(body.stream_options and body.stream_options.get("include_usage"))
-    events = _events(turn, completion, include_usage)
+    events = _events(turn, completion, include_usage, request)
     stall = pipeline.service.config.stream_stall_timeout_s
     return ClosingStream(events, turn.close, stall, turn.ended, media_type="text/event-stream", headers=headers)

@@ -47,6 +47,7 @@ class ServerConfig:
     stream_stall_timeout_s: float = 60.0
     responses_per_key: int = 256  # stored responses (store: true), least recently used first out
     responses_tokens_per_key: int = 4_000_000
+    responses_bytes_per_key: int = 64 * 2**20  # the JSON of what is kept: responses, input items, history
     responses_ttl_s: float = 3600.0
 
     def __post_init__(self) -> None:
@@ -60,6 +61,7 @@ class ServerConfig:
             "stream_stall_timeout_s": self.stream_stall_timeout_s,
             "responses_per_key": self.responses_per_key,
             "responses_tokens_per_key": self.responses_tokens_per_key,
+            "responses_bytes_per_key": self.responses_bytes_per_key,
             "responses_ttl_s": self.responses_ttl_s,
             "default_max_tokens": 1 if self.default_max_tokens is None else self.default_max_tokens,
         }

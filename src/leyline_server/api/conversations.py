@@ -24,7 +24,8 @@ Each finds ``S`` only when ``S`` is its *only* candidate (among several, those w
 match, and the request then continues neither. Equally likely means a
 new session, never a wrong one. A hint never joins two conversations: a session whose
 ``prompt_cache_key``, ``user`` or ``safety_identifier`` differs from the request's is never a
-candidate. A request that carries only an older reply of ``S`` (a fork, a retry) matches nothing
+candidate (the hints are kept as digests: equal or not is all recognition asks). A request that
+carries only an older reply of ``S`` (a fork, a retry) matches nothing
 and gets a new session: exact KV, the key's prefix cache reusing what it can.
 
 When the reply was not proven (rules 2 and 3), nothing of ``S``'s base from its generated reply
@@ -36,13 +37,23 @@ template's are spliced as auto-splice always did; the client's are spliced in ``
 only under the opt-in, and otherwise recomputed from the first one (``forget``): the prefix
 before the edit is reused, the rest prefilled — exactly what a fresh prefill gives.
 
+**Exactness.** Once a turn that asked for amortize (``X-Leyline-Client-Edits: amortize``, or
+``--splice-client-edits``) left approximate KV in a session, that session is continued only by
+turns that ask for amortize too. Any other request that continues the conversation — the same
+client without the header or with ``exact``, another client through ``previous_response_id`` —
+gets a new session: its prefill reuses the key's exact prefix cache up to the first rotated
+token and computes the rest, so it is served no approximate KV at all (the spliced path lives
+under the old session's private tag, which no other session matches).
+
 :class:`Conversations` is the one owner of this state: ``Session.auto`` holds a
 :class:`ConversationState` only this module reads or writes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -56,7 +67,7 @@ from leyline_sdk.render.incremental import Snapshot
 from leyline_sdk.render.rendering import normalize_messages
 from leyline_server.api.errors import APIError
 from leyline_server.api.render import BoundedChat, RenderService, message_digests
-from leyline_server.engines.values import SpliceRequest
+from leyline_server.engines.values import Handle, SpliceRequest
 from leyline_server.sessions import Session, SessionStore
 
 __all__ = [
@@ -93,12 +104,14 @@ CONVERSATION_KEY = "prompt_cache_key"
 
 
 def hints_of(req: Any) -> dict[str, str]:
-    """A request's conversation hints: its ``prompt_cache_key``, ``user`` and ``safety_identifier``."""
+    """A request's conversation hints: its ``prompt_cache_key``, ``user`` and ``safety_identifier``,
+    each kept as a digest (recognition only compares them; a session never holds the client's
+    bytes, however long they are)."""
     out = {}
     for name in HINTS:
         value = getattr(req, name, None)
         if isinstance(value, str) and value:
-            out[name] = value
+            out[name] = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:32]
     return out
 
 
@@ -118,6 +131,7 @@ class ConversationState:
     hints: Mapping[str, str] = field(default_factory=dict)
     digest: str = ""  # message_digests(...)[-1] of the transcript
     reply: str | None = None
+    private: bool = False  # its KV holds approximate rows made for a turn that asked for amortize
 
 
 @dataclass
@@ -174,8 +188,11 @@ class Conversations:
         msgs, hints = normalize_messages(messages), dict(hints or {})
         digests = message_digests(msgs, tools)
         session, state, proven = self._match(owner, msgs, hints, digests)
+        start = state.snapshot if state else None
+        if state is not None and state.private and client_mode is not Mode.AMORTIZE:
+            session, state, proven = None, None, False  # its approximate KV is not for this turn: a new session
         try:
-            rendered, snapshot = await self.render.spans(owner, msgs, tools, True, state.snapshot if state else None)
+            rendered, snapshot = await self.render.spans(owner, msgs, tools, True, start)
         except APIError as exc:
             if exc.code != "render_timeout":
                 raise
@@ -261,10 +278,15 @@ class Conversations:
         turn.sources = sources
         return SpliceRequest(directives, prompt=prompt)
 
-    def commit(self, session: Session, turn: RecognisedTurn) -> None:
-        """The turn started on ``session``: this request is its transcript now (its reply comes later)."""
+    def commit(self, session: Session, turn: RecognisedTurn, handle: Handle | None = None) -> None:
+        """The turn started on ``session`` (its KV now ``handle``): this request is its transcript
+        now (its reply comes later). A turn that asked for amortize and holds approximate KV makes
+        the session private to such turns (see the module docstring)."""
+        private = isinstance(session.auto, ConversationState) and session.auto.private
+        if turn.client_mode is Mode.AMORTIZE and handle is not None and handle.exact < handle.cached:
+            private = True
         self.forget(session)
-        session.auto = ConversationState(turn.transcript, turn.snapshot, turn.hints, turn.digest)
+        session.auto = ConversationState(turn.transcript, turn.snapshot, turn.hints, turn.digest, private=private)
         _add(self._by_prefix, (session.owner, turn.digest), session.id)
 
     def replied(self, session: Session, message: Mapping[str, Any]) -> None:
@@ -272,7 +294,7 @@ class Conversations:
         state, mark = session.auto, reply_mark(message)
         if not isinstance(state, ConversationState) or mark is None:
             return
-        session.auto = ConversationState(state.transcript, state.snapshot, state.hints, state.digest, mark)
+        session.auto = dataclasses.replace(state, reply=mark)
         _add(self._by_reply, (session.owner, mark), session.id)
 
     def forget(self, session: Session) -> None:

@@ -16,9 +16,10 @@ from typing import Any
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-__all__ = ["APIError", "install_error_handlers", "error_body", "MESSAGES_PREFIX"]
+__all__ = ["APIError", "install_error_handlers", "error_body", "invalid", "MESSAGES_PREFIX"]
 
 _TYPES = {
     400: "invalid_request_error",
@@ -68,6 +69,16 @@ def error_body(status: int, code: str, message: str, param: str | None = None, p
     return {
         "error": {"type": _TYPES.get(status, "invalid_request_error"), "code": code, "message": message, "param": param}
     }
+
+
+def invalid(exc: ValidationError) -> APIError:
+    """A request a route builds from the client's fields that pydantic refuses: a 400 naming the field."""
+    errors = exc.errors()
+    if not errors:
+        return APIError(400, "invalid_request", "invalid request")
+    where = ".".join(str(x) for x in errors[0]["loc"]) or None
+    message = errors[0]["msg"]
+    return APIError(400, "invalid_request", f"{where}: {message}" if where else message, where)
 
 
 def _validation_param(exc: RequestValidationError) -> tuple[str, str | None]:

@@ -12,7 +12,9 @@ For each HTTP request, in this order:
 4. a JSON body holding a lone UTF-16 surrogate (``"a\\ud800b"``: no UTF-8 text can carry it, so
    no tokenizer can) is refused with a 400 naming the field;
 5. the route runs on the buffered body; an exception it lets out before answering becomes a
-   logged 500 in OpenAI's shape with the request id, and the server keeps serving.
+   logged 500 in OpenAI's shape with the request id, and the server keeps serving;
+6. the request is counted in ``leyline_requests_total`` under its status — a stream that failed
+   after its 200 under the status of its error (:func:`~leyline_server.api.streaming.stream_failed`).
 
 A pure ASGI middleware (not Starlette's ``BaseHTTPMiddleware``): ``receive`` is wrapped, so a
 stream still sees the client's disconnect.
@@ -35,6 +37,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from leyline_server.api.config import ServerConfig
 from leyline_server.api.errors import error_body
 from leyline_server.api.metrics import Metrics
+from leyline_server.api.streaming import STREAM_STATUS
 
 __all__ = ["Guard", "owner_of", "lone_surrogate"]
 
@@ -130,7 +133,8 @@ class Guard:
             await _refusal(500, "internal_error", message, path=scope.get("path", ""))(scope, receive, send_with_id)
         finally:
             path = getattr(scope.get("route"), "path", "unmatched")
-            self.metrics.requests.labels(path, str(response["status"])).inc()
+            status = (scope.get("state") or {}).get(STREAM_STATUS, response["status"])  # a stream that failed
+            self.metrics.requests.labels(path, str(status)).inc()
             self.metrics.latency.labels(path).observe(time.perf_counter() - started)
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -37,6 +37,7 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, aclosing
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 from leyline_sdk.core.fallbacks import FallbackCode
 from leyline_sdk.core.wire import LeylineResult
@@ -48,14 +49,14 @@ from leyline_server.api.errors import APIError
 from leyline_server.api.params import check_request, sampling_params, stop_strings
 from leyline_server.api.prompting import prompt_shape
 from leyline_server.api.responses import logprob_entry, usage
-from leyline_server.api.schemas import ChatCompletionRequest, check_content
+from leyline_server.api.schemas import ChatCompletionRequest
 from leyline_server.api.service import ChatTurn, LeylineService, Prompt
 from leyline_server.api.session_choice import choose_session, held_session
 from leyline_server.api.timings import Clock
 from leyline_server.api.tools import ToolPlan, plan_tools
 from leyline_server.engines.values import CapacityError, Constraint, ConstraintError, SamplingParams
 
-__all__ = ["ChatPipeline", "OpenTurn", "Delta"]
+__all__ = ["ChatPipeline", "OpenTurn", "Delta", "report_headers", "names_header"]
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,25 @@ def report_headers(result: LeylineResult) -> dict[str, str]:
     return out
 
 
+HEADER_NAME_CHARS, HEADER_CHARS = 64, 1024
+
+
+def names_header(names: list[str]) -> str:
+    """Names as a header value (``x-leyline-tools-not-offered``): each percent-encoded outside
+    printable ASCII (a name may hold any character, CR and LF included), cut at 64 characters, the
+    list cut at about 1 KiB with ``+N more``."""
+    out: list[str] = []
+    size = 0
+    for i, name in enumerate(names):
+        value = quote(name[:HEADER_NAME_CHARS], safe=" !#$&'()*+-./:;<=>?@[]^_`{|}~")
+        if size + len(value) > HEADER_CHARS:
+            out.append(f"+{len(names) - i} more")
+            break
+        out.append(value)
+        size += len(value) + 1
+    return ",".join(out)
+
+
 class ChatPipeline:
     """The one chat turn (see the module docstring); every protocol's route calls :meth:`open`."""
 
@@ -228,8 +248,8 @@ class ChatPipeline:
 
     def _check(self, req: ChatCompletionRequest) -> ToolPlan:
         self.service.check_model(req.model)
+        self.service.render.check(req.messages, req.tools)  # the message count first, then content, characters
         check_request(req)
-        check_content(req.messages)
         return plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
 
     async def _constrain(self, req: ChatCompletionRequest, tools: ToolPlan, owner: str | None) -> Constraint | None:

@@ -188,7 +188,7 @@ class LeylineService:
         chat.fallback = fallback or base_fallback or chat.fallback
         if auto is not None:
             chat.auto, chat.auto_splice = auto, request is not None
-            self.conversations.commit(session, auto)
+            self.conversations.commit(session, auto, chat.turn.handle)
         return chat
 
     async def _splice_request(

@@ -1,4 +1,9 @@
-"""A streamed HTTP answer that always cleans up: :class:`ClosingStream` (every protocol's SSE uses it)."""
+"""A streamed HTTP answer that always cleans up: :class:`ClosingStream` (every protocol's SSE uses it).
+
+A stream answers 200 before its content is known; one that then fails (its error is an event in
+the stream) says so with :func:`stream_failed`, and the guard counts the request under the
+error's status in ``leyline_requests_total``, not as a 200.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +13,19 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
+from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
-__all__ = ["ClosingStream", "StreamStalled", "StreamEnded"]
+__all__ = ["ClosingStream", "StreamStalled", "StreamEnded", "STREAM_STATUS", "stream_failed"]
 
 log = logging.getLogger("leyline.api")
+STREAM_STATUS = "leyline.stream_status"  # the scope-state entry of a stream that failed after its 200
+
+
+def stream_failed(request: Request, status: int) -> None:
+    """Record that ``request``'s stream failed after its 200, with ``status``."""
+    request.scope.setdefault("state", {})[STREAM_STATUS] = status
 
 
 class StreamStalled(Exception):

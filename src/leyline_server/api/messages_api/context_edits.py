@@ -49,9 +49,24 @@ class ContextEdits:
 def _value(spec: Any, kind: str, default: int, where: str) -> int:
     if spec is None:
         return default
-    if not isinstance(spec, Mapping) or spec.get("type") != kind or not isinstance(spec.get("value"), int):
-        raise APIError(400, "invalid_request", f"expected {{'type': '{kind}', 'value': <int>}}", where)
-    return int(spec["value"])
+    value = spec.get("value") if isinstance(spec, Mapping) and spec.get("type") == kind else None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise APIError(400, "invalid_request", f"expected {{'type': '{kind}', 'value': <int, 0 or more>}}", where)
+    return value
+
+
+def _names(value: Any, where: str) -> set[str]:
+    """A list of tool names; 400 for anything else."""
+    if value is None:
+        return set()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise APIError(400, "invalid_request", "expected a list of tool names", where)
+    return set(value)
+
+
+def _inputs(value: Any, where: str) -> bool | set[str]:
+    """``clear_tool_inputs``: true (every tool's), false, or the tools' names."""
+    return value if isinstance(value, bool) else _names(value, where)
 
 
 def _tool_uses(messages: list[dict[str, Any]]) -> list[tuple[int, int, str, str]]:
@@ -75,8 +90,8 @@ def _clear_tool_uses(
         else prompt_tokens >= _value(trigger, "input_tokens", 100_000, f"{where}.trigger")
     )
     keep = _value(edit.get("keep"), "tool_uses", 3, f"{where}.keep")
-    excluded = set(edit.get("exclude_tools") or ())
-    inputs = edit.get("clear_tool_inputs") or False
+    excluded = _names(edit.get("exclude_tools"), f"{where}.exclude_tools")
+    inputs = _inputs(edit.get("clear_tool_inputs"), f"{where}.clear_tool_inputs")
     if not reached:
         return None
     results = {m["tool_call_id"]: j for j, m in enumerate(messages) if m.get("role") == "tool"}
@@ -84,10 +99,13 @@ def _clear_tool_uses(
     plan, cleared_tokens = [], 0
     for i, k, call_id, name in candidates:
         j = results.get(call_id)
-        if j is not None and messages[j]["content"] != PLACEHOLDER:
+        result = j is not None and messages[j]["content"] != PLACEHOLDER
+        if j is not None and result:
             cleared_tokens += max(count(str(messages[j]["content"])) - count(PLACEHOLDER), 0)
-        clear_input = inputs is True or (isinstance(inputs, list) and name in inputs)
-        plan.append((i, k, j, clear_input))
+        arguments = messages[i]["tool_calls"][k]["function"].get("arguments", "{}")
+        clear_input = (inputs is True or (isinstance(inputs, set) and name in inputs)) and arguments != "{}"
+        if result or clear_input:  # a use an earlier edit cleared already is not cleared (or counted) again
+            plan.append((i, k, j, clear_input))
     least = _value(edit.get("clear_at_least"), "input_tokens", 0, f"{where}.clear_at_least")
     if not plan or cleared_tokens < least:
         return None
@@ -104,7 +122,7 @@ def _clear_tool_uses(
 
 
 def _clear_thinking(messages: list[dict[str, Any]], edit: Mapping[str, Any], count: Count, where: str) -> Any:
-    keep = edit.get("keep", {"type": "thinking_turns", "value": 1})
+    keep = edit.get("keep") or {"type": "thinking_turns", "value": 1}
     if keep == "all":
         return None
     turns = [i for i, m in enumerate(messages) if m.get("role") == "assistant" and m.get("reasoning_content")]

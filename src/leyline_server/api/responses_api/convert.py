@@ -42,7 +42,10 @@ def _tool_choice(choice: Any, offered: Sequence[Mapping[str, Any]]) -> Any:
     if kind == "function":
         return {"type": "function", "function": {"name": choice.get("name")}}
     if kind == "allowed_tools":
-        refs = [{"type": "function", "function": {"name": t.get("name")}} for t in choice.get("tools") or []]
+        tools = choice.get("tools") or []
+        if not isinstance(tools, list) or not all(isinstance(t, Mapping) for t in tools):
+            raise APIError(400, "invalid_request", "allowed_tools needs a list of tool objects", "tool_choice.tools")
+        refs = [{"type": "function", "function": {"name": t.get("name")}} for t in tools]
         return {"type": "allowed_tools", "allowed_tools": {"mode": choice.get("mode"), "tools": refs}}
     raise APIError(
         400, "unsupported_parameter", f"tool_choice {kind!r}: this server runs no hosted tool", "tool_choice"

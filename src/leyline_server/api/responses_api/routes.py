@@ -1,7 +1,7 @@
 """``/v1/responses``: OpenAI's Responses API as an adapter onto the one chat turn.
 
 ``POST /v1/responses`` (streamed or not), ``GET`` / ``DELETE /v1/responses/{id}`` and
-``GET /v1/responses/{id}/input_items``. The request becomes a chat turn (:mod:`.items`,
+``GET /v1/responses/{id}/input_items``. The request becomes a chat turn (:mod:`.inputs`,
 :mod:`.convert`), the pipeline runs it — sessions, directives, conversation recognition,
 structured outputs, admission, limits: nothing here is a second copy — and its result becomes
 output items and events (:mod:`.events`). Every Responses request continues its conversation's
@@ -12,6 +12,7 @@ client's own edits are spliced only under the opt-in, exact otherwise.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,21 +21,19 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from leyline_sdk.core.fallbacks import FallbackCode
-from leyline_sdk.core.responses_items import ItemError, item_id, output_items, to_messages
+from leyline_sdk.core.responses_items import output_items
 from leyline_server.api.deps import ClientEdits, Owner, Pipeline
 from leyline_server.api.disconnect import GONE_STATUS, ClientGone, unless_gone
 from leyline_server.api.errors import APIError
-from leyline_server.api.limits import check_json_depth
-from leyline_server.api.pipeline import ChatPipeline, OpenTurn
-from leyline_server.api.prompting import template_source
-from leyline_server.api.responses_api.convert import ChatInput, to_chat
-from leyline_server.api.responses_api.errors import as_api_error
+from leyline_server.api.pipeline import OpenTurn, names_header
+from leyline_server.api.responses_api.convert import ChatInput
 from leyline_server.api.responses_api.events import Events, ResponseShape, new_message_id, response_usage
-from leyline_server.api.responses_api.schemas import ResponsesRequest, refuse_unsupported_response_fields
-from leyline_server.api.responses_api.store import ResponseStore, StoredResponse
+from leyline_server.api.responses_api.inputs import as_stored_items, prepare_input
+from leyline_server.api.responses_api.schemas import ResponsesRequest
+from leyline_server.api.responses_api.store import ResponseStore, StoredResponse, stored_bytes
 from leyline_server.api.responses_api.truncation import open_fitting
 from leyline_server.api.schemas import ChatCompletionRequest
-from leyline_server.api.streaming import ClosingStream
+from leyline_server.api.streaming import ClosingStream, stream_failed
 
 __all__ = ["router"]
 
@@ -67,22 +66,6 @@ def _echo(req: ResponsesRequest) -> dict[str, Any]:
     return out
 
 
-def _input_items(items: Any) -> list[dict[str, Any]]:
-    """The request's input as items with ids (a string: one user message)."""
-    if isinstance(items, str):
-        items = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": items}]}]
-    out = []
-    for item in items or []:
-        item = dict(item)
-        item.setdefault("type", "message")
-        item.setdefault("id", item_id("msg" if item["type"] == "message" else "item"))
-        if item["type"] == "message" and isinstance(item.get("content"), str):  # an easy message, typed
-            kind = "output_text" if item.get("role") == "assistant" else "input_text"
-            item["content"] = [{"type": kind, "text": item["content"]}]
-        out.append(item)
-    return out
-
-
 def _answer(turn: OpenTurn, req: ResponsesRequest, logprobs: list[Any]) -> tuple[list[dict[str, Any]], str | None]:
     """The output items and the incomplete reason of a decoded turn."""
     assert turn.outcome is not None
@@ -106,35 +89,17 @@ def _stored(shape: ResponseShape, req: ResponsesRequest, chat: ChatCompletionReq
     history = messages[1:] if req.instructions else messages
     tokens = body["usage"]["total_tokens"] if body.get("usage") else 0
     return StoredResponse(
-        shape.id, owner, body, _input_items(req.input), [*history, dict(turn.outcome.message)], tokens
+        shape.id, owner, body, as_stored_items(req.input), [*history, dict(turn.outcome.message)], tokens
     )
 
 
 def _headers(turn: OpenTurn, chat: ChatInput, dropped: int) -> dict[str, str]:
     headers = turn.headers()
     if chat.not_offered:
-        headers["x-leyline-tools-not-offered"] = ",".join(chat.not_offered)
+        headers["x-leyline-tools-not-offered"] = names_header(chat.not_offered)
     if dropped:
         headers["x-leyline-truncated-messages"] = str(dropped)
     return headers
-
-
-async def _prepared(req: ResponsesRequest, key: str | None, pipeline: ChatPipeline, store: ResponseStore) -> ChatInput:
-    refuse_unsupported_response_fields(req)
-    for name in ("input", "tools", "tool_choice", "text", "reasoning"):
-        check_json_depth(getattr(req, name), name)  # before anything walks them recursively
-    history: list[dict[str, Any]] = []
-    if req.previous_response_id is not None:
-        previous = store.get(req.previous_response_id, key)
-        if previous is None:
-            message = f"Previous response with id {req.previous_response_id!r} not found."
-            raise APIError(400, "previous_response_not_found", message, "previous_response_id")
-        history = previous.history
-    try:
-        messages = to_messages(req.instructions, history, req.input, store.item(key))
-    except ItemError as exc:
-        raise as_api_error(exc) from exc
-    return to_chat(req, messages, template_source(pipeline.service.chat))
 
 
 @router.post("/v1/responses", response_model=None)
@@ -143,13 +108,14 @@ async def create_response(
 ) -> Any:
     """OpenAI's Responses API on the one chat turn (see the module docstring)."""
     store = store_of(request)
-    chat = await _prepared(req, key, pipeline, store)
+    chat = await prepare_input(req, key, pipeline, store)
     shape = ResponseShape(req.model, _echo(req))
     try:
         turn, dropped = await open_fitting(pipeline, chat.request, key, client_edits, req.truncation == "auto")
     except APIError as exc:
         if not req.stream or exc.code != FallbackCode.CONTEXT_LENGTH.value:
             raise
+        stream_failed(request, exc.status)
         return ClosingStream(_failed(shape, exc), _nothing, media_type="text/event-stream")
     headers = _headers(turn, chat, dropped)
     if not req.stream:
@@ -160,7 +126,7 @@ async def create_response(
             return Response(status_code=GONE_STATUS)
         finally:
             await turn.close()
-    events = _events(turn, req, chat, shape, store, key)
+    events = _events(turn, req, chat, shape, store, key, request)
     stall = pipeline.service.config.stream_stall_timeout_s
     return ClosingStream(events, turn.close, stall, turn.ended, media_type="text/event-stream", headers=headers)
 
@@ -178,8 +144,14 @@ async def _whole(
     leyline = turn.result().model_dump(mode="json")
     body = shape.body(status, output, response_usage(turn.usage()), incomplete=incomplete, leyline=leyline)
     if req.store is not False:
-        store.put(_stored(shape, req, chat.request, body, turn, key))
+        await _store(store, _stored(shape, req, chat.request, body, turn, key))
     return body
+
+
+async def _store(store: ResponseStore, stored: StoredResponse) -> None:
+    """Keep ``stored``, measured off the event loop (its bytes count against the key's budget)."""
+    stored.size = await asyncio.to_thread(stored_bytes, stored)
+    store.put(stored)
 
 
 async def _failed(shape: ResponseShape, exc: APIError) -> AsyncIterator[str]:
@@ -190,7 +162,13 @@ async def _failed(shape: ResponseShape, exc: APIError) -> AsyncIterator[str]:
 
 
 async def _events(
-    turn: OpenTurn, req: ResponsesRequest, chat: ChatInput, shape: ResponseShape, store: ResponseStore, key: str | None
+    turn: OpenTurn,
+    req: ResponsesRequest,
+    chat: ChatInput,
+    shape: ResponseShape,
+    store: ResponseStore,
+    key: str | None,
+    request: Request,
 ) -> AsyncIterator[str]:
     events, message_id, logprobs = Events(), new_message_id(), []
     yield events.frame("response.created", response=shape.body("in_progress", []))
@@ -226,13 +204,15 @@ async def _events(
         leyline = turn.result().model_dump(mode="json")
         body = shape.body(status, output, response_usage(turn.usage()), incomplete=incomplete, leyline=leyline)
         if req.store is not False:
-            store.put(_stored(shape, req, chat.request, body, turn, key))
+            await _store(store, _stored(shape, req, chat.request, body, turn, key))
         yield events.frame(f"response.{status}", response=body)
     except APIError as exc:
+        stream_failed(request, exc.status)
         error = {"code": exc.code, "message": exc.message}
         yield events.frame("response.failed", response=shape.body("failed", [], error=error))
     except Exception as exc:
         log.exception("response %s failed", shape.id)
+        stream_failed(request, 500)
         error = {"code": "server_error", "message": f"generation failed: {exc}"}
         yield events.frame("response.failed", response=shape.body("failed", [], error=error))
 

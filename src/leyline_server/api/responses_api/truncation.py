@@ -16,11 +16,11 @@ from leyline_server.api.errors import APIError
 from leyline_server.api.pipeline import ChatPipeline, OpenTurn
 from leyline_server.api.schemas import ChatCompletionRequest
 
-__all__ = ["open_fitting", "exchanges"]
+__all__ = ["open_fitting"]
 
 
-def exchanges(messages: list[dict[str, Any]]) -> list[int]:
-    """Start indices of the droppable exchanges (after the leading system messages, not the last one)."""
+def _starts(messages: list[dict[str, Any]]) -> list[int]:
+    """Start indices of every exchange after the leading system messages, the last one included."""
     starts, i = [], 0
     while i < len(messages) and messages[i].get("role") == "system":
         i += 1
@@ -29,16 +29,15 @@ def exchanges(messages: list[dict[str, Any]]) -> list[int]:
         i += 1
         while i < len(messages) and messages[i].get("role") == "tool":
             i += 1
-    return starts[:-1]
+    return starts
 
 
 def _without(messages: list[dict[str, Any]], starts: list[int], k: int) -> list[dict[str, Any]]:
-    """``messages`` without the first ``k`` droppable exchanges."""
+    """``messages`` without the first ``k`` exchanges (``starts``: every exchange's, the last one's
+    included, which is never dropped: ``k < len(starts)``)."""
     if k == 0:
         return messages
-    head = messages[: starts[0]]
-    end = starts[k] if k < len(starts) else len(messages) - 1
-    return head + messages[end:]
+    return messages[: starts[0]] + messages[starts[k] :]
 
 
 async def open_fitting(
@@ -53,8 +52,8 @@ async def open_fitting(
             raise
         first = exc
     messages = [m.model_dump(exclude_none=True) for m in req.messages]
-    starts = exchanges(messages)
-    lo, hi, best = 1, len(starts), None
+    starts = _starts(messages)
+    lo, hi, best = 1, len(starts) - 1, None
     while lo <= hi:  # the fewest exchanges whose dropping fits: renders only, no turn started
         k = (lo + hi) // 2
         if await pipeline.fits(_trial(req, messages, starts, k), owner):
