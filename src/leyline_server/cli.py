@@ -14,6 +14,7 @@ open then are cancelled and keep what they generated), releases every session an
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -108,6 +109,12 @@ def _server_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--default-max-tokens", type=int, default=None,
         help="completion limit of a request that sets none (default: the room left in the context)",
+    )  # fmt: skip
+    group.add_argument(
+        "--sampling-defaults", type=sampling_defaults, default=None, metavar="model|openai|JSON",
+        help="what a request's unset sampling fields take: 'model' (a real model preset's upstream "
+        "generation config, else OpenAI's), 'openai' (temperature 1, top_p 1) or a JSON object "
+        '(e.g. \'{"temperature": 0.7, "top_k": 20}\') (default: model)',
     )  # fmt: skip
     group.add_argument("--graceful-timeout", type=float, default=30.0)
     group.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
@@ -206,6 +213,26 @@ def kv_budget_mb(args: argparse.Namespace) -> float:
     return fraction * available / 2**20
 
 
+def sampling_defaults(text: str) -> dict[str, float] | None:
+    """``--sampling-defaults``: ``model`` (None), ``openai`` ({}) or a JSON object of sampling fields."""
+    from leyline_server.api.params import SAMPLING_FIELDS
+
+    if text == "model":
+        return None
+    if text == "openai":
+        return {}
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not 'model', 'openai' or a JSON object: {exc}") from exc
+    if not isinstance(values, dict) or not all(isinstance(v, (int, float)) for v in values.values()):
+        raise argparse.ArgumentTypeError("a JSON object of numbers, e.g. '{\"temperature\": 0.7}'")
+    unknown = sorted(set(values) - SAMPLING_FIELDS)
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown sampling fields {unknown}; known: {sorted(SAMPLING_FIELDS)}")
+    return {k: float(v) for k, v in values.items()}
+
+
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     """Every engine-relevant flag of ``args`` as one :class:`EngineConfig` (``ValueError`` if one is out of range)."""
     names = args.served_model_name or ()
@@ -256,6 +283,7 @@ def server_config(args: argparse.Namespace) -> Any:
         kv_share_per_key=args.kv_share_per_key,
         admission_timeout_s=args.admission_timeout,
         stream_stall_timeout_s=args.stream_stall_timeout,
+        sampling_defaults=args.sampling_defaults,
     )
 
 

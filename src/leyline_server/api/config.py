@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from leyline_server.models import real_model
 
 __all__ = ["ServerConfig", "CHARS_PER_TOKEN"]
 
@@ -49,6 +52,9 @@ class ServerConfig:
     responses_tokens_per_key: int = 4_000_000
     responses_bytes_per_key: int = 64 * 2**20  # the JSON of what is kept: responses, input items, history
     responses_ttl_s: float = 3600.0
+    # Sampling fields a request leaves unset: None = the model's own (a real model preset's upstream
+    # generation config, else OpenAI's: temperature 1, top_p 1); {} = OpenAI's; or these values.
+    sampling_defaults: Mapping[str, float] | None = None
 
     def __post_init__(self) -> None:
         positive = {
@@ -72,6 +78,14 @@ class ServerConfig:
             raise ValueError("kv_share_per_key must lie in (0, 1]")
         if self.admission_timeout_s < 0:
             raise ValueError("admission_timeout_s must be 0 or more")
+
+    @property
+    def sampling(self) -> dict[str, float]:
+        """The values a request's unset sampling fields take (see ``sampling_defaults``)."""
+        if self.sampling_defaults is not None:
+            return dict(self.sampling_defaults)
+        preset = real_model(self.model_name)
+        return dict(preset.sampling) if preset is not None else {}
 
     @property
     def names(self) -> tuple[str, ...]:

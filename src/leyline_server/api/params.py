@@ -7,6 +7,7 @@ keyword arguments. ``null`` is "unset" everywhere (OpenAI's and SGLang's default
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from leyline_sdk.core.fallbacks import FallbackCode
@@ -63,18 +64,33 @@ def _stop_token_ids(ids: list[int] | None, vocab_size: int) -> list[int]:
     return list(ids or [])
 
 
+_OPENAI = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_p": 0.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+}
+SAMPLING_FIELDS = frozenset(_OPENAI)
+
+
 def sampling_params(
     req: ChatCompletionRequest,
     prompt_tokens: int,
     context: int,
     vocab_size: int,
     constraint: Constraint | None = None,
+    defaults: Mapping[str, float] | None = None,
 ) -> SamplingParams:
     """Decoding parameters; without ``max_tokens`` the completion may fill the context (vLLM's rule).
 
     400 ``context_length_exceeded`` when the prompt leaves no room, or when an explicit
-    ``max_tokens`` does not fit.
+    ``max_tokens`` does not fit. ``defaults``: what the sampling fields the request leaves unset
+    take (``ServerConfig.sampling``; vLLM's ``--generation-config``), else OpenAI's defaults.
     """
+    unset = {**_OPENAI, **(defaults or {})}
     room = context - prompt_tokens
     asked = req.max_completion_tokens or req.max_tokens
     if room < 1 or (asked is not None and asked > room):
@@ -87,17 +103,17 @@ def sampling_params(
         )
     return SamplingParams(
         max_tokens=asked if asked is not None else room,
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
+        temperature=unset["temperature"] if req.temperature is None else req.temperature,
+        top_p=unset["top_p"] if req.top_p is None else req.top_p,
         seed=req.seed,
-        presence_penalty=req.presence_penalty or 0.0,
-        frequency_penalty=req.frequency_penalty or 0.0,
+        presence_penalty=unset["presence_penalty"] if req.presence_penalty is None else req.presence_penalty,
+        frequency_penalty=unset["frequency_penalty"] if req.frequency_penalty is None else req.frequency_penalty,
         logit_bias=_logit_bias(req.logit_bias, vocab_size),
         logprobs=bool(req.logprobs),
         top_logprobs=req.top_logprobs or 0,
-        top_k=max(req.top_k or 0, 0),
-        min_p=req.min_p or 0.0,
-        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        top_k=max(int(unset["top_k"]) if req.top_k is None else req.top_k, 0),
+        min_p=unset["min_p"] if req.min_p is None else req.min_p,
+        repetition_penalty=unset["repetition_penalty"] if req.repetition_penalty is None else req.repetition_penalty,
         min_tokens=req.min_tokens or 0,
         ignore_eos=bool(req.ignore_eos),
         stop_token_ids=_stop_token_ids(req.stop_token_ids, vocab_size),

@@ -272,7 +272,9 @@ class ChatPipeline:
     def _sampling(self, req: ChatCompletionRequest, prompt: Prompt) -> SamplingParams:
         service = self.service
         vocab = service.engine.info.vocab_size
-        params = sampling_params(req, len(prompt.tokens), service.context_tokens, vocab)
+        params = sampling_params(
+            req, len(prompt.tokens), service.context_tokens, vocab, defaults=service.config.sampling
+        )
         if req.max_tokens is None and req.max_completion_tokens is None and service.config.default_max_tokens:
             params.max_tokens = min(params.max_tokens, service.config.default_max_tokens)
         return params
