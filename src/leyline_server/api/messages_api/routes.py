@@ -114,12 +114,17 @@ class MessageAnswer:
         return self._final(turn)
 
     def _final(self, turn: OpenTurn) -> dict[str, Any]:
-        assert turn.outcome is not None
-        stop = stop_reason(turn.outcome.finish_reason, turn.decoder.matched)
-        usage = message_usage(turn.usage(), self.prepared.cache_marked)
-        return message_body(self.message_id, self.req.model, answer_blocks(turn.outcome.message), stop, usage,
-                            context_management=_management(self.prepared),
-                            leyline=turn.result().model_dump(mode="json"))  # fmt: skip
+        return _final(turn, self.req, self.prepared, self.message_id)
+
+
+def _final(turn: OpenTurn, req: MessagesRequest, prepared: MessagesInput, message_id: str) -> dict[str, Any]:
+    """The whole message of a decoded turn (a whole answer's body; a stream's last events)."""
+    assert turn.outcome is not None
+    stop = stop_reason(turn.outcome.finish_reason, turn.decoder.matched)
+    usage = message_usage(turn.usage(), prepared.cache_marked)
+    return message_body(message_id, req.model, answer_blocks(turn.outcome.message), stop, usage,
+                        context_management=_management(prepared),
+                        leyline=turn.result().model_dump(mode="json"))  # fmt: skip
 
 
 def _management(prepared: MessagesInput) -> dict[str, Any] | None:
