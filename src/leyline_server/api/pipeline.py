@@ -2,7 +2,7 @@
 
 A route parses its protocol's request into a :class:`~leyline_server.api.schemas.ChatCompletionRequest`
 (the conversation: messages, tools, sampling, constraint, the ``leyline`` extension) and calls
-:meth:`ChatPipeline.open`, which runs the turn's steps in this order, each one bounded before the
+:meth:`ChatPipeline.prepare`; the turn's steps run in this order, each one bounded before the
 next starts:
 
 1. **check** — model, fields, content, tools (cheap, before anything is admitted);
@@ -16,8 +16,9 @@ next starts:
    its field);
 5. **choose the session** — the extension's, the recognised conversation's, or none (a plain
    request: the prefix cache alone) (:mod:`.session_choice`);
-6. **reserve** — the turn's KV on the admission ticket (:mod:`.room`);
-7. **splice + prefill** — one engine job (``Engine.start_turn``);
+6. **reserve** — the turn's KV on the admission ticket (:mod:`.room`); a session's splice checked
+   (a strict one that cannot apply is its 4xx now) and the old base's KV reserved;
+7. **splice + prefill** — one engine job (``Engine.start_turn``).
 
 :meth:`ChatPipeline.prepare` runs steps 1–6, everything that can fail with an HTTP error, and
 returns a :class:`PreparedTurn`: the route can start its answer then (a stream's opening events
@@ -28,7 +29,8 @@ returns an :class:`OpenTurn`, from which the route reads:
 8. **decode** — :meth:`OpenTurn.deltas` (text as it becomes safe to show, logprobs), then
    :attr:`OpenTurn.outcome` (the message, its tool calls, the finish reason);
 9. **report** — :meth:`OpenTurn.result` (the ``leyline`` field), :meth:`OpenTurn.usage`,
-   :meth:`OpenTurn.headers` (the same facts for protocols without that field).
+   :meth:`OpenTurn.headers` (the same facts as headers, on a whole answer; a stream's headers are
+   :meth:`PreparedTurn.headers`, what is known before step 7).
 
 :meth:`PreparedTurn.close` (:meth:`OpenTurn.close` once prefilled) keeps or releases what the turn
 holds (the session's new base, the admission slot and its reservation); the answer scaffolding
