@@ -144,6 +144,11 @@ def _limit_args(parser: argparse.ArgumentParser) -> None:
         help="seconds a stream whose client stopped reading stays paused before it is ended (tokens kept)",
     )  # fmt: skip
     group.add_argument(
+        "--stream-keepalive", type=float, default=5.0,
+        help="seconds between keep-alive events (an SSE comment; Anthropic's ping) while a stream's prompt is "
+        "prefilled: its opening event goes out at admission, so no client's read timeout fires on a long prompt",
+    )  # fmt: skip
+    group.add_argument(
         "--compile-timeout", type=float, default=10.0,
         help="seconds a request waits for its grammar (response_format, forced or strict tools) before a 400",
     )  # fmt: skip
@@ -284,6 +289,7 @@ def server_config(args: argparse.Namespace) -> Any:
         admission_timeout_s=args.admission_timeout,
         stream_stall_timeout_s=args.stream_stall_timeout,
         sampling_defaults=args.sampling_defaults,
+        stream_keepalive_s=args.stream_keepalive,
     )
 
 

@@ -20,7 +20,7 @@ MODEL = "tiny-gqa-long"
 
 
 class Requests:
-    """What the server answered: every ``/v1/responses`` request's status and token counts."""
+    """What the server served: every turn's token counts (each prompt token reused, rotated or prefilled)."""
 
     def __init__(self) -> None:
         self.seen: list[dict[str, Any]] = []
@@ -31,15 +31,14 @@ def served() -> Iterator[tuple[str, Requests]]:
     service = make_service(MODEL, engine="llamacpp", kv_budget_mb=512, max_context_tokens=65536,
                            default_max_tokens=512)  # fmt: skip
     requests = Requests()
-    original = service.result
+    original = service.metrics.record_tokens
 
-    def recording(chat: Any) -> Any:  # the leyline field of every turn the server answered
-        result = original(chat)
-        requests.seen.append({"prompt": len(chat.turn.prompt), "reused": result.reused_tokens,
-                              "rotated": result.rotated_tokens, "prefilled": result.prefilled_tokens})  # fmt: skip
-        return result
+    def recording(reused: int, rotated: int, prefilled: int, approximate: int) -> None:  # every turn's prefill
+        original(reused, rotated, prefilled, approximate)
+        requests.seen.append({"prompt": reused + rotated + prefilled, "reused": reused, "rotated": rotated,
+                              "prefilled": prefilled})  # fmt: skip
 
-    service.result = recording
+    service.metrics.record_tokens = recording
     with running_server(service) as url:
         yield url + "/v1", requests
 

@@ -98,6 +98,11 @@ def test_truncation_auto_drops_the_oldest_exchanges_and_says_how_many(http):
     streamed = events(http, input=items, max_output_tokens=4)
     assert [e["type"] for e in streamed] == ["response.created", "response.failed"]
     assert streamed[-1]["response"]["error"]["code"] == "context_length_exceeded"
+    body = {"model": MODEL, "input": items, "max_output_tokens": 4, "truncation": "auto", "stream": True}
+    with http.stream("POST", "/v1/responses", json=body) as r:  # found before the stream starts: a header
+        assert r.status_code == 200 and int(r.headers["x-leyline-truncated-messages"]) == dropped
+        final = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: ")][-1]["response"]
+    assert final["status"] in ("completed", "incomplete") and final["usage"]["input_tokens"] + 4 <= 512
 
 
 def test_store_false_keeps_nothing_and_item_references_resolve(http):

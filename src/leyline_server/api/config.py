@@ -19,7 +19,8 @@ class ServerConfig:
     Admission (see :mod:`leyline_server.api.admission`): ``max_concurrent_per_key`` requests in
     flight per key, their KV within ``kv_share_per_key`` of the pool (ignored without API keys:
     one tenant), a wait of at most ``admission_timeout_s`` before a 429, and streams whose client
-    stops reading ended after ``stream_stall_timeout_s``. Rendering (see
+    stops reading ended after ``stream_stall_timeout_s``. A stream sends a keep-alive every
+    ``stream_keepalive_s`` while its prefill runs (see :mod:`leyline_server.api.answer`). Rendering (see
     :mod:`leyline_server.api.render`): at most ``max_messages`` messages, ``CHARS_PER_TOKEN``
     characters per token of context, ``render_timeout_s`` seconds. Constraints (see
     :mod:`leyline_server.api.compiles`): a compile answers within ``compile_timeout_s``.
@@ -48,6 +49,7 @@ class ServerConfig:
     kv_share_per_key: float = 0.5
     admission_timeout_s: float = 30.0
     stream_stall_timeout_s: float = 60.0
+    stream_keepalive_s: float = 5.0
     responses_per_key: int = 256  # stored responses (store: true), least recently used first out
     responses_tokens_per_key: int = 4_000_000
     responses_bytes_per_key: int = 64 * 2**20  # the JSON of what is kept: responses, input items, history
@@ -65,6 +67,7 @@ class ServerConfig:
             "compile_timeout_s": self.compile_timeout_s,
             "max_concurrent_per_key": self.max_concurrent_per_key,
             "stream_stall_timeout_s": self.stream_stall_timeout_s,
+            "stream_keepalive_s": self.stream_keepalive_s,
             "responses_per_key": self.responses_per_key,
             "responses_tokens_per_key": self.responses_tokens_per_key,
             "responses_bytes_per_key": self.responses_bytes_per_key,

@@ -2,7 +2,7 @@
 
 A route parses its protocol's request into a :class:`~leyline_server.api.schemas.ChatCompletionRequest`
 (the conversation: messages, tools, sampling, constraint, the ``leyline`` extension) and calls
-:meth:`ChatPipeline.open`, which runs the turn's steps in this order, each one bounded before the
+:meth:`ChatPipeline.prepare`; the turn's steps run in this order, each one bounded before the
 next starts:
 
 1. **check** — model, fields, content, tools (cheap, before anything is admitted);
@@ -16,28 +16,34 @@ next starts:
    its field);
 5. **choose the session** — the extension's, the recognised conversation's, or none (a plain
    request: the prefix cache alone) (:mod:`.session_choice`);
-6. **reserve** — the turn's KV on the admission ticket (:mod:`.room`);
-7. **splice + prefill** — one engine job (``Engine.start_turn``);
+6. **reserve** — the turn's KV on the admission ticket (:mod:`.room`); a session's splice checked
+   (a strict one that cannot apply is its 4xx now) and the old base's KV reserved;
+7. **splice + prefill** — one engine job (``Engine.start_turn``).
 
-and returns an :class:`OpenTurn`, from which the route reads:
+:meth:`ChatPipeline.prepare` runs steps 1–6, everything that can fail with an HTTP error, and
+returns a :class:`PreparedTurn`: the route can start its answer then (a stream's opening events
+go out at once). :meth:`PreparedTurn.prefill` runs step 7 as a task (a long prompt takes minutes
+on a CPU); cancelled — its client left — the engine gives the prefill up at its next chunk. It
+returns an :class:`OpenTurn`, from which the route reads:
 
 8. **decode** — :meth:`OpenTurn.deltas` (text as it becomes safe to show, logprobs), then
    :attr:`OpenTurn.outcome` (the message, its tool calls, the finish reason);
 9. **report** — :meth:`OpenTurn.result` (the ``leyline`` field), :meth:`OpenTurn.usage`,
-   :meth:`OpenTurn.headers` (the same facts for protocols without that field).
+   :meth:`OpenTurn.headers` (the same facts as headers, on a whole answer; a stream's headers are
+   :meth:`PreparedTurn.headers`, what is known before step 7).
 
-:meth:`OpenTurn.close` keeps or releases what the turn holds (the session's new base, the admission
-slot); routes call it however the answer ends (a streamed one: when the stream closes).
+:meth:`PreparedTurn.close` (:meth:`OpenTurn.close` once prefilled) keeps or releases what the turn
+holds (the session's new base, the admission slot and its reservation); the answer scaffolding
+(:mod:`.answer`) calls it however the answer ends (a streamed one: when the stream closes).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, aclosing
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
 
 from leyline_sdk.core.fallbacks import FallbackCode
 from leyline_sdk.core.wire import LeylineResult
@@ -54,9 +60,19 @@ from leyline_server.api.service import ChatTurn, LeylineService, Prompt
 from leyline_server.api.session_choice import choose_session, held_session
 from leyline_server.api.timings import Clock
 from leyline_server.api.tools import ToolPlan, plan_tools
-from leyline_server.engines.values import CapacityError, Constraint, ConstraintError, SamplingParams
+from leyline_server.api.turn_report import report_headers, turn_result
+from leyline_server.engines.values import (
+    CapacityError,
+    Constraint,
+    ConstraintError,
+    PrefillProgress,
+    SamplingParams,
+)
+from leyline_server.sessions import Session
 
-__all__ = ["ChatPipeline", "OpenTurn", "Delta", "report_headers", "names_header"]
+__all__ = ["ChatPipeline", "PreparedTurn", "OpenTurn", "Delta"]
+
+Start = Callable[[PrefillProgress], Awaitable[ChatTurn]]  # step 7 of a prepared turn
 
 
 @dataclass(frozen=True)
@@ -123,7 +139,7 @@ class OpenTurn:
 
     def result(self) -> LeylineResult:
         """The ``leyline`` field: session, base, what was reused, rotated and prefilled, fallback."""
-        return self.service.result(self.chat)
+        return turn_result(self.chat)
 
     def usage(self) -> dict[str, Any]:
         """OpenAI's ``usage`` of the turn so far (``cached_tokens``: reused + rotated prompt tokens)."""
@@ -143,46 +159,88 @@ class OpenTurn:
             await self.stack.aclose()
 
 
+@dataclass
+class PreparedTurn:
+    """A turn admitted, rendered, checked, its session held and its KV reserved: steps 1–6 of the
+    module docstring, nothing computed yet. :meth:`prefill` runs step 7; :meth:`close` releases
+    what the turn holds, whether it was prefilled, is prefilling (the prefill is cancelled) or not.
+    """
+
+    service: LeylineService
+    owner: str | None
+    session: Session | None
+    begin: Start
+    params: SamplingParams
+    decoder: TextDecoder
+    stack: AsyncExitStack
+    prompt_tokens: int
+    capped_to: int | None = None
+    clock: Clock = field(default_factory=Clock)
+    progress: PrefillProgress = field(default_factory=PrefillProgress)
+    _task: asyncio.Task[OpenTurn] | None = field(default=None, repr=False)
+    _turn: OpenTurn | None = field(default=None, repr=False)
+    _closed: bool = field(default=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.progress.total = self.prompt_tokens
+
+    @property
+    def ended(self) -> asyncio.Event | None:
+        """Set when the turn's session is deleted (``None``: no session); see :attr:`OpenTurn.ended`."""
+        return self.session.ended if self.session is not None else None
+
+    def headers(self) -> dict[str, str]:
+        """What is known of the turn before its prefill, as headers (a stream's): its session, the cap."""
+        out = {"x-leyline-session": self.session.id} if self.session is not None else {}
+        if self.capped_to is not None:
+            out["x-leyline-max-tokens-capped"] = str(self.capped_to)
+        return out
+
+    def prefill(self) -> asyncio.Task[OpenTurn]:
+        """Step 7, splice and prefill, as a task (started by the first call): the turn ready to decode.
+
+        Cancelling it — directly, or by cancelling a task that awaits it — gives the prefill up at
+        the engine's next chunk and releases what it computed; :meth:`close` does so too.
+        """
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._prefill())
+        return self._task
+
+    async def _prefill(self) -> OpenTurn:
+        chat = await self.begin(self.progress)  # 7. splice + prefill
+        self.clock.mark("turn")
+        chat.timings = self.clock.turn_timings(chat.turn.timings)
+        self._turn = OpenTurn(self.service, chat, self.params, self.decoder, self.stack,
+                              capped_to=self.capped_to, clock=self.clock)  # fmt: skip
+        return self._turn
+
+    @property
+    def abandoned(self) -> bool:
+        """Whether the prefill began and did not end (it is running, or was cancelled)."""
+        task = self._task
+        return task is not None and (not task.done() or task.cancelled())
+
+    async def close(self) -> None:
+        """Cancel a prefill in flight (and wait for it to let go), then release what the turn holds:
+        :meth:`OpenTurn.close` once prefilled, else the admission slot, the reservation and the session."""
+        if self._closed:
+            return
+        self._closed = True
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+        if task is not None:
+            await asyncio.wait({task})  # cancelled or failed: its outcome is the awaiter's to report
+        if self._turn is not None:
+            await self._turn.close()
+        else:
+            await self.stack.aclose()
+
+
 def _capped(req: ChatCompletionRequest, prompt_tokens: int, context: int) -> int | None:
     """The room left in the context when ``req`` asks for more (and there is room), else ``None``."""
     asked, room = req.max_completion_tokens or req.max_tokens, context - prompt_tokens
     return room if asked is not None and room >= 1 and asked > room else None
-
-
-def report_headers(result: LeylineResult) -> dict[str, str]:
-    """``X-Leyline-*`` headers: the session, the token counts, the fallback and who made the directives."""
-    out = {
-        "x-leyline-reused-tokens": str(result.reused_tokens),
-        "x-leyline-rotated-tokens": str(result.rotated_tokens),
-        "x-leyline-prefilled-tokens": str(result.prefilled_tokens),
-        "x-leyline-approximate-tokens": str(result.approximate_tokens),
-    }
-    if result.session_id:
-        out["x-leyline-session"] = result.session_id
-    if result.fallback is not None:
-        out["x-leyline-fallback"] = result.fallback.code
-    if result.sources:
-        out["x-leyline-spliced"] = ",".join(f"{s}={result.sources.count(s)}" for s in sorted(set(result.sources)))
-    return out
-
-
-HEADER_NAME_CHARS, HEADER_CHARS = 64, 1024
-
-
-def names_header(names: list[str]) -> str:
-    """Names as a header value (``x-leyline-tools-not-offered``): each percent-encoded outside
-    printable ASCII (a name may hold any character, CR and LF included), cut at 64 characters, the
-    list cut at about 1 KiB with ``+N more``."""
-    out: list[str] = []
-    size = 0
-    for i, name in enumerate(names):
-        value = quote(name[:HEADER_NAME_CHARS], safe=" !#$&'()*+-./:;<=>?@[]^_`{|}~")
-        if size + len(value) > HEADER_CHARS:
-            out.append(f"+{len(names) - i} more")
-            break
-        out.append(value)
-        size += len(value) + 1
-    return ",".join(out)
 
 
 class ChatPipeline:
@@ -191,21 +249,23 @@ class ChatPipeline:
     def __init__(self, service: LeylineService) -> None:
         self.service = service
 
-    async def open(
+    async def prepare(
         self,
         req: ChatCompletionRequest,
         owner: str | None,
         client_edits: str | None = None,
         recognise: bool = False,
         cap_max_tokens: bool = False,
-    ) -> OpenTurn:
-        """Steps 1–7 for ``req`` on behalf of ``owner``; the turn, ready to decode (close it).
+    ) -> PreparedTurn:
+        """Steps 1–6 for ``req`` on behalf of ``owner``: the turn, ready to prefill (close it).
 
+        Every HTTP error of the turn is raised here, before an answer starts (step 7's own
+        failures — the pool full, a strict splice the engine refuses — are the exceptions).
         ``client_edits``: the request's ``X-Leyline-Client-Edits`` header; ``recognise``: continue
         the conversation's session even without ``--auto-splice`` or the opt-in (the Responses and
         Messages APIs: a conversation protocol), exactly (:mod:`.conversations`);
         ``cap_max_tokens``: a completion limit past the room left in the context is capped to
-        the room (:attr:`OpenTurn.capped_to`) instead of a 400 (the Messages API: Claude Code
+        the room (:attr:`PreparedTurn.capped_to`) instead of a 400 (the Messages API: Claude Code
         asks for 32,000 whatever the model).
         """
         service = self.service
@@ -227,13 +287,12 @@ class ChatPipeline:
             params.constraint = await self._constrain(req, tools, owner)  # 4. constrain
             clock.mark("constrain")
             decoder = self._decoder(req, params, tools)
-            chat = await self._start(stack, req, owner, prompt, ticket, params.max_tokens)  # 5.–7.
-            clock.mark("turn")
+            session, begin = await self._hold(stack, req, owner, prompt, ticket, params.max_tokens)  # 5.–6.
         except BaseException:
             await stack.aclose()
             raise
-        chat.timings = clock.turn_timings(chat.turn.timings)
-        return OpenTurn(service, chat, params, decoder, stack, capped_to=capped, clock=clock)
+        return PreparedTurn(service, owner, session, begin, params, decoder, stack, len(prompt.tokens),
+                            capped_to=capped, clock=clock)  # fmt: skip
 
     async def count_tokens(self, req: ChatCompletionRequest, owner: str | None) -> int:
         """The length of ``req``'s prompt (one render, no turn)."""
@@ -293,7 +352,7 @@ class ChatPipeline:
             keep_stop=bool(req.no_stop_trim),
         )
 
-    async def _start(
+    async def _hold(
         self,
         stack: AsyncExitStack,
         req: ChatCompletionRequest,
@@ -301,16 +360,26 @@ class ChatPipeline:
         prompt: Prompt,
         ticket: Ticket,
         max_tokens: int,
-    ) -> ChatTurn:
-        """Steps 5–7: choose the session, reserve the KV, splice and prefill; what to undo goes on ``stack``."""
+    ) -> tuple[Session | None, Start]:
+        """Steps 5–6: choose and hold the session, reserve the KV; the session, and step 7 (splice and
+        prefill) to run later. What to undo goes on ``stack``."""
         service, ext = self.service, req.leyline
         choice = choose_session(service, ext, owner, prompt)  # 5. choose the session
         await service.room.reserve(ticket, len(prompt.tokens) + max_tokens, keep=choice.keep)  # 6. reserve
         if choice.plain:
-            chat = await service.start_plain(prompt.tokens, owner)  # 7. prefill (the prefix cache alone)
-            stack.callback(lambda: service.engine.release(chat.turn.handle))
-            return chat
+
+            async def plain(progress: PrefillProgress) -> ChatTurn:
+                chat = await service.start_plain(prompt.tokens, owner, progress)  # 7. (the prefix cache alone)
+                stack.callback(lambda: service.engine.release(chat.turn.handle))
+                return chat
+
+            return None, plain
         session, named = await held_session(service, stack, choice, ext, owner, prompt)
-        chat = await service.session_turn(ext, owner, session, prompt, ticket, choice.fallback, named)  # 7.
-        stack.callback(lambda: setattr(session, "handle", chat.turn.handle))  # the new base, after decoding
-        return chat
+        plan = await service.plan_turn(ext, session, prompt, ticket, choice.fallback, named)  # 6. the base's KV
+
+        async def spliced(progress: PrefillProgress) -> ChatTurn:
+            chat = await service.session_turn(plan, owner, progress)  # 7. splice + prefill
+            stack.callback(lambda: setattr(session, "handle", chat.turn.handle))  # the new base, after decoding
+            return chat
+
+        return session, spliced

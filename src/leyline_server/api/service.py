@@ -23,9 +23,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from leyline_sdk.core.directives import Directive, Mode, digest
+from leyline_sdk.core.directives import Directive, Mode
 from leyline_sdk.core.fallbacks import FallbackCode
-from leyline_sdk.core.wire import BaseRef, FallbackInfo, LeylineRequest, LeylineResult
+from leyline_sdk.core.wire import BaseRef, FallbackInfo, LeylineRequest
 from leyline_server.api.admission import Admission, Ticket
 from leyline_server.api.compiles import CompileGate
 from leyline_server.api.config import ServerConfig
@@ -38,14 +38,24 @@ from leyline_server.api.room import Room
 from leyline_server.api.session_choice import splice_request
 from leyline_server.blocks import Block, BlockStore
 from leyline_server.engines.base import Engine
-from leyline_server.engines.values import CacheScope, CapacityError, Handle, SpliceRequest, Turn
+from leyline_server.engines.values import CacheScope, CapacityError, Handle, PrefillProgress, SpliceRequest, Turn
 from leyline_server.sessions import Session, SessionStore
-from leyline_server.splice import SpliceError, SpliceReport, strict_status
-from leyline_server.splice.report import Fallback
+from leyline_server.splice import SpliceError, SpliceReport, strict_status, validate
+from leyline_server.splice.report import Fallback, Refused
 
-__all__ = ["ServerConfig", "LeylineService", "ChatTurn", "Prompt"]
+__all__ = ["ServerConfig", "LeylineService", "ChatTurn", "SessionPlan", "Prompt"]
 
 T = TypeVar("T")
+
+
+@dataclass
+class SessionPlan:
+    """A session turn checked and reserved (:meth:`LeylineService.plan_turn`), not computed yet."""
+
+    session: Session
+    prompt: Prompt
+    request: SpliceRequest | None  # the splice to ask the engine for (None: the prompt extends the base, or a forget)
+    fallback: FallbackInfo | None
 
 
 @dataclass
@@ -147,37 +157,54 @@ class LeylineService:
                 return Prompt(turn.tokens, turn)
         return Prompt(await self.render.tokens(owner, messages, tools, True, shape))
 
-    async def start_plain(self, prompt: list[int], owner: str | None) -> ChatTurn:
+    async def start_plain(
+        self, prompt: list[int], owner: str | None, progress: PrefillProgress | None = None
+    ) -> ChatTurn:
         """Prefill a turn without a session (the prefix cache alone); release its handle when done."""
-        return await self._start_with_room(None, prompt, CacheScope(self.salt(owner)), None, None, owner)
+        return await self._start_with_room(None, prompt, CacheScope(self.salt(owner)), None, None, owner, progress)
 
-    async def session_turn(
+    async def plan_turn(
         self,
         ext: LeylineRequest | None,
-        owner: str | None,
         session: Session,
         prompt: Prompt,
         ticket: Ticket,
         fallback: FallbackInfo | None,
         named: Mapping[str, Handle],
-    ) -> ChatTurn:
-        """Splice the held ``session`` as the turn asks and prefill ``prompt`` (one engine job).
-
-        The session's old base stays pinned until the new one is built; a strict splice error is a
-        4xx (the session unchanged); any other failure drops the session.
-        """
-        tokens, auto = prompt.tokens, prompt.auto
+    ) -> SessionPlan:
+        """What :meth:`session_turn` will ask of the held ``session``, checked before anything is
+        computed: a directive whose result would not fit is a 400, a strict splice that cannot
+        apply its 4xx; the old base's KV is reserved when the prompt does not extend it."""
+        tokens = prompt.tokens
         request, base_fallback = await self._splice_request(ext, session, prompt, named, fallback)
         base = session.tokens
         too_long = overflow(len(base), ext.directives, request.blocks, self.context_tokens) if ext and request else None
         if too_long is not None:
             param = f"leyline.directives.{too_long[0]}"
             raise APIError(400, FallbackCode.CONTEXT_LENGTH.value, too_long[1], param)
+        if request is not None and request.strict:
+            try:
+                validate(self.engine.info, base, request)
+            except Refused as exc:
+                raise self._splice_error(SpliceError(exc.code, exc.message), "leyline.directives") from exc
         if tokens[: len(base)] != base:  # the old base stays pinned until the new one is built
             await self.room.reserve(ticket, len(base))
+        return SessionPlan(session, prompt, request, fallback or base_fallback)
+
+    async def session_turn(
+        self, plan: SessionPlan, owner: str | None, progress: PrefillProgress | None = None
+    ) -> ChatTurn:
+        """Splice the held session as :meth:`plan_turn` planned and prefill the prompt (one engine job).
+
+        The session's old base stays pinned until the new one is built; a strict splice error is a
+        4xx (the session unchanged); any other failure (a cancelled prefill included) drops the
+        session.
+        """
+        session, auto = plan.session, plan.prompt.auto
         handle, session.handle = session.handle, None
         try:
-            chat = await self._start_with_room(session, tokens, session.scope, request, handle, owner)
+            chat = await self._start_with_room(session, plan.prompt.tokens, session.scope, plan.request, handle, owner,
+                                               progress)  # fmt: skip
         except SpliceError as exc:
             session.handle = handle  # strict: nothing changed
             raise self._splice_error(exc, "leyline.directives") from exc
@@ -185,9 +212,9 @@ class LeylineService:
             self.sessions.drop(session)  # its handle was released by the engine
             raise
         session.handle = chat.turn.handle
-        chat.fallback = fallback or base_fallback or chat.fallback
+        chat.fallback = plan.fallback or chat.fallback
         if auto is not None:
-            chat.auto, chat.auto_splice = auto, request is not None
+            chat.auto, chat.auto_splice = auto, plan.request is not None
             self.conversations.commit(session, auto, chat.turn.handle)
         return chat
 
@@ -222,13 +249,14 @@ class LeylineService:
         request: SpliceRequest | None,
         handle: Handle | None,
         owner: str | None,
+        progress: PrefillProgress | None = None,
     ) -> ChatTurn:
         """Start ``owner``'s turn; when the pool is full, shed idle cache and serve it as a forget."""
 
         async def attempt(first: bool) -> ChatTurn:
             if first:
-                return await self._start(session, prompt, scope, request, handle, owner)
-            chat = await self._start(session, prompt, scope, None, None, owner)  # the engine released the handle
+                return await self._start(session, prompt, scope, request, handle, owner, progress)
+            chat = await self._start(session, prompt, scope, None, None, owner, progress)  # the engine released it
             chat.fallback = chat.fallback or FallbackInfo(
                 code=FallbackCode.CAPACITY.value, message="KV pool full: idle sessions dropped, served as a forget"
             )
@@ -244,40 +272,15 @@ class LeylineService:
         request: SpliceRequest | None,
         handle: Handle | None = None,
         owner: str | None = None,
+        progress: PrefillProgress | None = None,
     ) -> ChatTurn:
-        turn = await self.engine.start_turn(prompt, scope, handle, request, owner)
+        turn = await self.engine.start_turn(prompt, scope, handle, request, owner, progress)
         self._record(turn.report)
         reused, rotated, prefilled = turn.counts()
         self.metrics.record_tokens(reused, rotated, prefilled, turn.approximate_tokens)
         fb = turn.report.fallback if turn.report else None
         info = FallbackInfo(code=fb.code.value, message=fb.message) if fb else None
         return ChatTurn(turn, session, info)
-
-    def result(self, chat: ChatTurn) -> LeylineResult:
-        """The ``leyline`` field of a chat completion response."""
-        turn = chat.turn
-        reused, rotated, prefilled = turn.counts()
-        tokens = turn.prompt + turn.generated
-        report = turn.report
-        sources = list(chat.auto.sources) if chat.auto_splice and chat.auto else []
-        return LeylineResult(
-            session_id=chat.session.id if chat.session else None,
-            base=BaseRef(length=len(tokens), digest=digest(tokens)),
-            applied=chat.fallback is None,
-            fallback=chat.fallback,
-            auto_splice=chat.auto_splice,
-            reused_tokens=reused,
-            rotated_tokens=rotated,
-            prefilled_tokens=prefilled,
-            approximate_tokens=turn.approximate_tokens,
-            canary=report.canary if report else "skipped",
-            completion_token_ids=list(turn.generated),
-            splice_ms=report.splice_ms if report else 0.0,
-            sources=sources,
-            template_directives=sources.count("template"),
-            client_directives=sources.count("client"),
-            timings=dict(chat.timings),
-        )
 
     # -- sessions and blocks ------------------------------------------------------------------------
     async def open_session(self, owner: str | None, tokens: list[int], ticket: Ticket) -> Session:

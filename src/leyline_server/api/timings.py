@@ -6,10 +6,10 @@ thread, the splice, the prefill's chunks). All in milliseconds:
 
 ``admit`` (a slot of the key's share), ``render`` (the prompt, and for a plain client the
 conversation it continues), ``constrain`` (the length check and the output constraint),
-``reserve`` (the session and the KV reservation), ``queue`` (waiting for the engine thread),
-``splice``, ``prefill`` (its chunks, other keys' steps between them included), ``first_token``
-(from the prefill's end to the first token handed to the route) and ``total`` (from the turn's
-opening to that token). The parts add up to ``total`` within a millisecond or so.
+``reserve`` (the session, the KV reservation, and the answer's start before the prefill),
+``queue`` (waiting for the engine thread), ``splice``, ``prefill`` (its chunks, other keys' steps
+between them included), ``first_token`` (from the prefill's end to the first token handed to the
+route) and ``total`` (from the turn's opening to that token). The parts add up to ``total`` within a millisecond or so.
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ from leyline_server.engines.values import (
     Logits,
     ModelInfo,
     Prefilled,
+    PrefillProgress,
     SamplingParams,
     SpliceRequest,
     Turn,
@@ -188,12 +189,15 @@ class Engine(Protocol):
         session: Handle | None,
         splice: SpliceRequest | None,
         owner: str | None = None,
+        progress: PrefillProgress | None = None,
     ) -> Turn:
         """Splice ``session`` if asked (falling back as the report says), then prefill ``prompt``.
 
         ``session`` is consumed unless ``SpliceError`` (strict) is raised; after any other error
         (``CapacityError``) it has been released. ``owner``: the key whose turn it is (an engine
-        that schedules lets keys take turns; ``Turn.owner``).
+        that schedules lets keys take turns; ``Turn.owner``). ``progress``: kept up to date as the
+        prefill's chunks complete, where the engine can tell. Cancelling the call gives the prefill
+        up (at its next chunk, on an engine that computes in chunks) and releases what it took.
         """
         ...
 

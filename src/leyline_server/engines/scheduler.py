@@ -259,6 +259,7 @@ class Scheduler:
                 self._sample(stream)
         for chunk in chunks:
             request = chunk.request
+            request.note()
             if request.job in failures:
                 self._remove(request)
                 request.fail(self.core, failures[request.job])

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 from leyline_server.engines.jobs import DecodeJob, PrefillJob
 from leyline_server.engines.logits import Processors
-from leyline_server.engines.values import CacheScope, Handle, Logits, Prefilled, SamplingParams
+from leyline_server.engines.values import CacheScope, Handle, Logits, Prefilled, PrefillProgress, SamplingParams
 from leyline_server.splice.report import SpliceReport
 
 __all__ = ["PrefillRequest", "Stream", "Planned", "pick_decodes", "pick_chunks"]
@@ -50,6 +50,7 @@ class PrefillRequest:
     job: PrefillJob | None = None
     splicing: Generator[None, None, tuple[Handle | None, SpliceReport | None]] | None = None
     cancelled: bool = False  # the requester has gone (set from the event loop)
+    progress: PrefillProgress | None = None  # the requester's view of how far the job has come
     marks: list[float] = field(default_factory=lambda: [time.perf_counter()])  # queued, started, prepared, done
 
     def start(self, core: Any) -> bool:
@@ -76,7 +77,14 @@ class PrefillRequest:
         else:
             self.marks.append(self.marks[-1])
         self.job = core.start_prefill(self.tokens, self.scope, self.previous)
+        self.note()
         return True
+
+    def note(self) -> None:
+        """Copy the job's progress to the requester's :class:`PrefillProgress` (after each chunk)."""
+        job, progress = self.job, self.progress
+        if job is not None and progress is not None:
+            progress.total, progress.reused, progress.done = len(job.tokens), job.reused, job.done
 
     def timings(self) -> dict[str, float]:
         """Milliseconds waiting for the engine thread, splicing, and prefilling (chunks and waits between them)."""

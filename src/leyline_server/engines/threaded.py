@@ -36,6 +36,7 @@ from leyline_server.engines.values import (
     Handle,
     ModelInfo,
     Prefilled,
+    PrefillProgress,
     SamplingParams,
     SpliceRequest,
     Turn,
@@ -115,11 +116,14 @@ class ThreadedEngine(Generic[StageT]):
         session: Handle | None,
         request: SpliceRequest | None,
         owner: str | None = None,
+        progress: PrefillProgress | None = None,
     ) -> Turn:
         """Splice ``session`` if asked (one atomic job), then prefill ``prompt`` in chunks.
 
         ``session`` is consumed unless ``SpliceError`` is raised; after any other error it has
-        been released. ``owner``: the key whose turn it is (keys take turns between steps).
+        been released. ``owner``: the key whose turn it is (keys take turns between steps);
+        ``progress``: updated after each chunk. A cancelled call gives the prefill up before its
+        next chunk (:meth:`_prefill`).
         """
         prepare = None
         if session is not None and request is not None and request.directives:
@@ -129,19 +133,27 @@ class ThreadedEngine(Generic[StageT]):
                 assert handle is not None
                 return (yield from splice_for_turn(core, handle, request, chunk))
 
-        prefilled, report, timings = await self._prefill(list(prompt), scope, session, owner, prepare)
+        prefilled, report, timings = await self._prefill(list(prompt), scope, session, owner, prepare, progress)
         if report is not None and report.deferred:
             report = settle_forget(report, prefilled.reused)
         return Turn(prefilled.handle, list(prompt), report, prefilled.reused, prefilled.approximate,
                     prefilled.last_logits, owner=owner, timings=timings)  # fmt: skip
 
     async def _prefill(
-        self, tokens: list[int], scope: CacheScope, previous: Handle | None, owner: str | None, prepare: Any
+        self,
+        tokens: list[int],
+        scope: CacheScope,
+        previous: Handle | None,
+        owner: str | None,
+        prepare: Any,
+        progress: PrefillProgress | None = None,
     ) -> tuple[Prefilled, SpliceReport | None, dict[str, float]]:
-        """Queue a prefill on the scheduler and wait for it; a requester that goes gives it up."""
+        """Queue a prefill on the scheduler and wait for it; a requester that goes (this call
+        cancelled) gives it up: the scheduler drops it before its next chunk."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         request = PrefillRequest(tokens, scope, previous, owner, loop, future, self.release, prepare)
+        request.progress = progress
         self.scheduler.prefill(request)
         try:
             prefilled, report = await future

@@ -28,6 +28,7 @@ __all__ = [
     "Handle",
     "ModelInfo",
     "Prefilled",
+    "PrefillProgress",
     "SamplingParams",
     "SpliceRequest",
     "TokenLogprob",
@@ -171,6 +172,17 @@ class Prefilled(NamedTuple):
     reused: int
     approximate: int
     last_logits: Logits = None
+
+
+@dataclass
+class PrefillProgress:
+    """How far a turn's prefill has come: ``tokens[:done]`` of ``total`` prompt tokens hold KV,
+    ``reused`` of them found cached. Written by the engine as chunks complete, read by the server
+    (a log line when a client leaves during its prefill); an engine that cannot tell leaves them 0."""
+
+    total: int = 0
+    reused: int = 0
+    done: int = 0
 
 
 class CanaryResult(NamedTuple):

@@ -13,7 +13,7 @@ from typing import Any
 
 from leyline_sdk.core.fallbacks import FallbackCode
 from leyline_server.api.errors import APIError
-from leyline_server.api.pipeline import ChatPipeline, OpenTurn
+from leyline_server.api.pipeline import ChatPipeline, PreparedTurn
 from leyline_server.api.schemas import ChatCompletionRequest
 
 __all__ = ["open_fitting"]
@@ -42,11 +42,12 @@ def _without(messages: list[dict[str, Any]], starts: list[int], k: int) -> list[
 
 async def open_fitting(
     pipeline: ChatPipeline, req: ChatCompletionRequest, owner: str | None, client_edits: str | None, truncate: bool
-) -> tuple[OpenTurn, int]:
-    """The turn for ``req`` (recognising its conversation); with ``truncate``, the fewest oldest
-    exchanges dropped for it to fit. Returns the turn and how many messages were dropped."""
+) -> tuple[PreparedTurn, int]:
+    """The turn for ``req`` (recognising its conversation), prepared (not prefilled yet); with
+    ``truncate``, the fewest oldest exchanges dropped for it to fit. Returns the turn and how many
+    messages were dropped."""
     try:
-        return await pipeline.open(req, owner, client_edits, recognise=True), 0
+        return await pipeline.prepare(req, owner, client_edits, recognise=True), 0
     except APIError as exc:
         if not truncate or exc.code != FallbackCode.CONTEXT_LENGTH.value:
             raise
@@ -63,9 +64,8 @@ async def open_fitting(
     if best is None:
         raise first
     kept = _without(messages, starts, best)
-    return await pipeline.open(_trial(req, messages, starts, best), owner, client_edits, recognise=True), len(
-        messages
-    ) - len(kept)
+    prepared = await pipeline.prepare(_trial(req, messages, starts, best), owner, client_edits, recognise=True)
+    return prepared, len(messages) - len(kept)
 
 
 def _trial(

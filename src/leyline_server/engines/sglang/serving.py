@@ -30,6 +30,7 @@ from leyline_server.engines.values import (
     GenerationStep,
     Handle,
     ModelInfo,
+    PrefillProgress,
     SamplingParams,
     SpliceRequest,
     Turn,
@@ -96,9 +97,13 @@ class AsyncSGLangEngine:
         session: Handle | None,
         request: SpliceRequest | None,
         owner: str | None = None,
+        progress: PrefillProgress | None = None,
     ) -> Turn:
         """Splice ``session`` if asked, then prefill ``prompt`` (``session`` is consumed as on the
-        embedded engine; SGLang's own scheduler orders the work, ``owner`` is not used)."""
+        embedded engine; SGLang's own scheduler orders the work, ``owner`` is not used; ``progress``
+        gets the prompt's length only: SGLang does not say how far a prefill has come)."""
+        if progress is not None:
+            progress.total = len(prompt)
         return await self._job(run_turn, self.backend, prompt, scope, session, request)
 
     async def check_constraint(self, constraint: Constraint) -> None:
