@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict
 
 from leyline_sdk.core.errors import RenderError
 from leyline_sdk.render import template_data
-from leyline_sdk.render.tool_text import ToolSupport, to_text_form
+from leyline_sdk.render.tool_text import ToolSupport, to_text_form, with_object_arguments
 
 __all__ = ["Span", "RenderedConversation", "RenderDetail", "ChatTokenizer", "HFChatTokenizer", "normalize_messages"]
 
@@ -159,11 +159,16 @@ class HFChatTokenizer:
         user = {"role": "user", "content": "x"}
         fn = {"type": "function", "function": {"name": "leyline_probe_fn", "parameters": {"type": "object"}}}
         call = {"id": "c", "type": "function", "function": {"name": "leyline_probe_call", "arguments": "{}"}}
+        # a template that writes ``arguments | tojson`` turns text into a quoted, escaped string
+        quoted = {**call, "function": {"name": "leyline_probe_call", "arguments": '{"leyline_probe_arg": 1}'}}
         return ToolSupport(
             definitions=renders([user], "leyline_probe_fn", [fn]),
             calls=renders([user, {"role": "assistant", "content": None, "tool_calls": [call]}], "leyline_probe_call"),
             tool_role=renders(
                 [user, {"role": "tool", "tool_call_id": "c", "content": "leyline_probe_out"}], "leyline_probe_out"
+            ),
+            object_arguments=renders(
+                [user, {"role": "assistant", "content": None, "tool_calls": [quoted]}], '\\"leyline_probe_arg\\"'
             ),
         )
 
@@ -194,6 +199,8 @@ class HFChatTokenizer:
             except (TypeError, AttributeError, ValueError, RecursionError) as exc:  # "tool_calls": "garbage"
                 raise RenderError(f"tool calls or tools not in OpenAI's shape: {exc}") from exc
             tools = tools if self.tool_support.definitions else None
+        elif self.tool_support.object_arguments:
+            messages = [with_object_arguments(m) for m in messages]
         return self._render(messages, tools, add_generation_prompt)
 
     def _render(

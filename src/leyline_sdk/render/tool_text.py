@@ -36,7 +36,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ToolSupport", "to_text_form", "tools_block", "call_block"]
+__all__ = [
+    "ToolSupport",
+    "to_text_form",
+    "tools_block",
+    "call_block",
+    "with_object_arguments",
+]
 
 _INTRO = "# Tools\n\nYou may call one or more functions. The available functions:\n<tools>\n"
 _OUTRO = (
@@ -52,6 +58,7 @@ class ToolSupport:
     definitions: bool
     calls: bool
     tool_role: bool
+    object_arguments: bool = False  # the template JSON-encodes a call's arguments: give it an object, not text
 
     @property
     def native(self) -> bool:
@@ -124,3 +131,36 @@ def to_text_form(
         else:
             out.insert(0, {"role": "system", "content": block})
     return out
+
+
+def with_object_arguments(message: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``message`` with each call's ``arguments`` text parsed into the object it holds (``message`` itself if none).
+
+    OpenAI sends arguments as JSON text; most templates (Qwen's, Llama 3's, Hermes') write
+    ``arguments | tojson`` and expect an object, so text would come out quoted and escaped, a call
+    the model never saw in training (vLLM and SGLang parse it the same way). Text that is not a JSON
+    object is left as it is.
+    """
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list) or not any(_text_arguments(c) for c in calls):
+        return message
+    converted = []
+    for call in calls:
+        if _text_arguments(call):
+            fn = dict(call["function"])
+            fn["arguments"] = json.loads(fn["arguments"])
+            call = {**call, "function": fn}
+        converted.append(call)
+    return {**message, "tool_calls": converted}
+
+
+def _text_arguments(call: Any) -> bool:
+    """Whether ``call``'s arguments are JSON text of an object."""
+    fn = call.get("function") if isinstance(call, Mapping) else None
+    args = fn.get("arguments") if isinstance(fn, Mapping) else None
+    if not isinstance(args, str) or not args.lstrip().startswith("{"):
+        return False
+    try:
+        return isinstance(json.loads(args), dict)
+    except ValueError:
+        return False
