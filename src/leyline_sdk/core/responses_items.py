@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from leyline_sdk.core.errors import LeylineError
+from leyline_sdk.core.fallbacks import FallbackCode
 
 __all__ = [
     "ItemError",
@@ -131,7 +132,7 @@ class _Builder:
         self.chars += sum(len(t) for t in texts if t)
         if self.max_chars is not None and self.chars > self.max_chars:
             message = f"the input holds over {self.max_chars} characters, more than the context can hold"
-            raise ItemError(message, "input", "context_length_exceeded")
+            raise ItemError(message, "input", FallbackCode.CONTEXT_LENGTH.value)
 
     def _assistant(self) -> dict[str, Any]:
         last = self.messages[-1] if self.messages else None
