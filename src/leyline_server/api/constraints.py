@@ -130,10 +130,10 @@ def _output(
     return asked[0] if asked else None
 
 
-def grammar_of(schema: Any, param: str, budget: SchemaBudget | None = None) -> str:
+def grammar_of(schema: Any, param: str, budget: SchemaBudget | None = None, loose: bool = False) -> str:
     """The decoding grammar of a checked JSON schema (400 naming ``param`` when xgrammar refuses it)."""
     try:
-        return json_grammar(checked_schema(schema, param, budget))
+        return json_grammar(checked_schema(schema, param, budget), loose)
     except APIError:
         raise
     except Exception as exc:  # xgrammar's RuntimeError / ValueError
@@ -156,8 +156,9 @@ def _tool_specs(plan: ToolPlan, budget: SchemaBudget) -> list[ToolSpec]:
         except APIError:
             if f.strict:
                 raise
-            grammar = grammar_of(_OBJECT, param)  # not strict: OpenAI promises nothing about the arguments
-        specs.append(ToolSpec(f.name, grammar))
+            schema = _OBJECT  # not strict: OpenAI promises nothing about the arguments
+            grammar = grammar_of(schema, param)
+        specs.append(ToolSpec(f.name, grammar, grammar_of(schema, param, loose=True)))
     return specs
 
 

@@ -49,7 +49,11 @@ FENCE_TRIGGERS = tuple(
     for fence in ("```json\n", "```\n")
     for brace in ('{"name"', '{\n  "name"', '{\n    "name"', '{ "name"')
 )
-FENCE_CLOSE = "}\n```"
+LOOSE_WHITESPACE = 12
+# What follows each fence trigger, in the layout the trigger began: compact, or indented by two or four.
+_FENCED_HEAD = {'{"name"': ": ", '{\n  "name"': ": ", '{\n    "name"': ": ", '{ "name"': ": "}
+_FENCED_SEP = {'{"name"': ", ", '{\n  "name"': ",\n  ", '{\n    "name"': ",\n    ", '{ "name"': ", "}
+_FENCED_END = {'{"name"': "}\n```", '{\n  "name"': "\n}\n```", '{\n    "name"': "\n}\n```", '{ "name"': " }\n```"}
 _PROBE = ("leyline_probe_a", "leyline_probe_b")
 
 
@@ -72,10 +76,21 @@ class CallLayout:
 
 @dataclass(frozen=True)
 class ToolSpec:
-    """One function the model may call: its name and the grammar of its arguments (:func:`json_grammar`)."""
+    """One function the model may call: its name and the grammar of its arguments (:func:`json_grammar`).
+
+    ``loose``: the same arguments with free whitespace (at most :data:`LOOSE_WHITESPACE` characters
+    in a row), for calls the model opens on its own: forced into compact JSON, a small model that
+    would have closed the object after its first property writes every optional one instead.
+    """
 
     name: str
     grammar: str
+    loose: str | None = None
+
+    @property
+    def free_grammar(self) -> str:
+        """The grammar for a call the model opened itself (``loose`` when there is one)."""
+        return self.loose or self.grammar
 
 
 def _single_token(encode: Callable[[str], list[int]], text: str) -> int | None:
@@ -127,11 +142,19 @@ def probe_layout(
     return CallLayout(before, after, between, opening, closing, special and None not in (opening, closing))
 
 
-def json_grammar(schema: Any) -> str:
-    """The EBNF grammar of compact JSON matching ``schema`` (xgrammar; raises on a schema it cannot take)."""
+def json_grammar(schema: Any, loose: bool = False) -> str:
+    """The EBNF grammar of JSON matching ``schema`` (xgrammar; raises on a schema it cannot take).
+
+    Compact JSON, or with ``loose`` whitespace as the model likes it, each run of it bounded.
+    """
     import xgrammar as xgr
 
-    return str(xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, strict_mode=True))
+    text = json.dumps(schema)
+    if loose:
+        grammar = xgr.Grammar.from_json_schema(text, any_whitespace=True, max_whitespace_cnt=LOOSE_WHITESPACE)
+    else:
+        grammar = xgr.Grammar.from_json_schema(text, any_whitespace=False, strict_mode=True)
+    return str(grammar)
 
 
 def _text(value: str) -> list[dict[str, Any]]:
@@ -165,20 +188,19 @@ def _calls(layout: CallLayout, tools: Sequence[ToolSpec], parallel: bool) -> dic
     return {"type": "sequence", "elements": [one, {"type": "star", "content": more}]}
 
 
-def _named(head: str, tools: Sequence[ToolSpec]) -> dict[str, Any]:
-    """``{head}"<name>", "arguments": <its grammar>`` for one of ``tools``."""
+def _named(head: str, sep: str, tools: Sequence[ToolSpec]) -> dict[str, Any]:
+    """``{head}"<name>"{sep}"arguments": <its free grammar>`` for one of ``tools``."""
     bodies = [
         {
             "type": "sequence",
-            "elements": [*_text(head + json.dumps(t.name, ensure_ascii=False) + ', "arguments": '), _grammar(t)],
+            "elements": [
+                *_text(head + json.dumps(t.name, ensure_ascii=False) + sep + '"arguments": '),
+                {"type": "grammar", "grammar": t.free_grammar},
+            ],
         }
         for t in tools
     ]
     return _one_of(bodies)
-
-
-def _grammar(tool: ToolSpec) -> dict[str, Any]:
-    return {"type": "grammar", "grammar": tool.grammar}
 
 
 def _triggered(layout: CallLayout, tools: Sequence[ToolSpec], parallel: bool) -> dict[str, Any]:
@@ -203,10 +225,14 @@ def _triggered(layout: CallLayout, tools: Sequence[ToolSpec], parallel: bool) ->
     tagged = {
         "type": "tag",
         "begin": MARK_OPEN,
-        "content": _named(layout.before + '{"name": ', tools),
+        "content": _named(layout.before + '{"name": ', ", ", tools),
         "end": "}" + layout.after + MARK_CLOSE,
     }
-    fenced = [{"type": "tag", "begin": t, "content": _named(": ", tools), "end": FENCE_CLOSE} for t in FENCE_TRIGGERS]
+    fenced = []
+    for trigger in FENCE_TRIGGERS:
+        brace = trigger[trigger.index("{") :]
+        content = _named(_FENCED_HEAD[brace], _FENCED_SEP[brace], tools)
+        fenced.append({"type": "tag", "begin": trigger, "content": content, "end": _FENCED_END[brace]})
     return {
         "type": "triggered_tags",
         "triggers": [MARK_OPEN, *FENCE_TRIGGERS],
