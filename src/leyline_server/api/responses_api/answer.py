@@ -1,8 +1,10 @@
 """A Responses API answer: the ``response`` object, or its event stream, for one prepared turn.
 
 :class:`ResponseAnswer` is the protocol's :class:`~leyline_server.api.answer.Shape`: a stream opens
-with ``response.created`` and ``response.in_progress`` as soon as the turn is admitted, SSE
-comments keep it alive while the prompt is prefilled, and its final ``response`` (completed or
+with ``response.created`` and ``response.in_progress`` as soon as the turn is admitted,
+``response.in_progress`` again keeps it alive while the prompt is prefilled (an event, not an SSE
+comment: Codex's idle timer counts events, and its SSE parser drops comments), and its final
+``response`` (completed or
 incomplete) carries the usage and the ``leyline`` report. A response the client asked to store is
 kept once it is whole (:mod:`.store`).
 """
@@ -15,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from leyline_sdk.core.responses_items import output_items
-from leyline_server.api.answer import KEEP_ALIVE_COMMENT
 from leyline_server.api.errors import APIError
 from leyline_server.api.pipeline import OpenTurn, PreparedTurn
 from leyline_server.api.responses_api.convert import ChatInput
@@ -46,8 +47,8 @@ class ResponseAnswer:
         yield self.frames.frame("response.in_progress", response=self.shape.body("in_progress", []))
 
     def keep_alive(self) -> str:
-        """An SSE comment."""
-        return KEEP_ALIVE_COMMENT
+        """``response.in_progress`` once more (clients that track state treat it as the no-op it is)."""
+        return self.frames.frame("response.in_progress", response=self.shape.body("in_progress", []))
 
     async def events(self, turn: OpenTurn) -> AsyncIterator[str]:
         """The output items' events, then ``response.completed`` or ``response.incomplete``."""
