@@ -44,13 +44,16 @@ def body(protocol: str, text: str, stream: bool, max_tokens: int = 6) -> dict[st
     return {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "stream": stream, "temperature": 0}
 
 
+KEEP_ALIVE = {"chat": ": keep-alive", "responses": "event: response.in_progress", "messages": "event: ping"}
+
+
 @pytest.mark.parametrize("protocol", list(PATHS))
 def test_a_stream_keeps_alive_between_its_opening_and_its_answer(server: str, protocol: str) -> None:
     with httpx.stream(
         "POST", server + PATHS[protocol], json=body(protocol, f"A {protocol}. " + PROMPT, True), timeout=60
     ) as r:
         lines = [line for line in r.iter_lines() if line]
-    keep_alive = {"chat": ": keep-alive", "responses": "event: response.in_progress", "messages": "event: ping"}[protocol]
+    keep_alive = KEEP_ALIVE[protocol]
     first = lines.index(keep_alive, 1 if protocol != "responses" else lines.index(keep_alive) + 1)
     opening = {"chat": 'data: {"id"', "responses": "event: response.created", "messages": "event: message_start"}
     assert lines[0].startswith(opening[protocol]) and first <= 4, lines[:5]  # after the opening events
