@@ -33,7 +33,7 @@ slot); routes call it however the answer ends (a streamed one: when the stream c
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import AsyncExitStack, aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,13 +80,20 @@ class OpenTurn:
     capped_to: int | None = None  # the completion limit, when the asked one was capped to the room left
     clock: Clock | None = None
     _closed: bool = field(default=False, repr=False)
+    _decoding: AsyncGenerator[Delta, None] | None = field(default=None, repr=False)
 
-    async def deltas(self) -> AsyncIterator[Delta]:
+    def deltas(self) -> AsyncGenerator[Delta, None]:
         """Decode; yield each step's safe text (``""`` while held back) and logprobs entry.
 
         Sets :attr:`outcome` and :attr:`rest` once decoding ends. A pool that runs out mid-decode
-        is a 503 ``capacity`` (:class:`APIError`).
+        is a 503 ``capacity`` (:class:`APIError`). :meth:`close` closes the iterator if its reader
+        dropped it unfinished (a route's generator closed at a ``yield``: Python does not close
+        the loop it was in).
         """
+        self._decoding = self._deltas()
+        return self._decoding
+
+    async def _deltas(self) -> AsyncGenerator[Delta, None]:
         service, params, decoder = self.service, self.params, self.decoder
         reason: str | None = None
         try:
@@ -136,9 +143,23 @@ class OpenTurn:
         return out
 
     async def close(self) -> None:
-        """Keep the session's new base (or release a plain turn's cache) and free the admission slot."""
-        if not self._closed:
-            self._closed = True
+        """End decoding, then keep the session's new base (or release a plain turn's cache) and free
+        the admission slot.
+
+        Decoding ends first: a reader that dropped :meth:`deltas` unfinished (a stream closed while
+        its write waited on the client) left the engine's stream open, and the engine commits the
+        delivered tokens only when that stream closes. Closing it here, before the session is let
+        go, means the next request on the session (or a read of its base) finds it where the
+        stream left it, never the prompt without its answer (issue 43's ``base_mismatch``).
+        """
+        if self._closed:
+            return
+        self._closed = True
+        decoding, self._decoding = self._decoding, None
+        try:
+            if decoding is not None and not getattr(decoding, "ag_running", False):  # (running: it ends itself)
+                await decoding.aclose()
+        finally:
             await self.stack.aclose()
 
 
