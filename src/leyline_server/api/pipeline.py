@@ -16,7 +16,8 @@ next starts:
    its field);
 5. **choose the session** — the extension's, the recognised conversation's, or none (a plain
    request: the prefix cache alone) (:mod:`.session_choice`);
-6. **reserve** — the turn's KV on the admission ticket (:mod:`.room`);
+6. **reserve** — the turn's KV on the admission ticket: the prompt and a bounded headroom, grown
+   as tokens are generated (:mod:`.room`);
 7. **splice + prefill** — one engine job (``Engine.start_turn``);
 
 and returns an :class:`OpenTurn`, from which the route reads:
@@ -48,6 +49,7 @@ from leyline_server.api.errors import APIError
 from leyline_server.api.params import check_request, sampling_params, stop_strings
 from leyline_server.api.prompting import prompt_shape
 from leyline_server.api.responses import logprob_entry, usage
+from leyline_server.api.room import HEADROOM
 from leyline_server.api.schemas import ChatCompletionRequest, check_content
 from leyline_server.api.service import ChatTurn, LeylineService, Prompt
 from leyline_server.api.session_choice import choose_session, held_session
@@ -79,6 +81,8 @@ class OpenTurn:
     rest: str = ""  # the outcome's content not shown by any delta yet
     capped_to: int | None = None  # the completion limit, when the asked one was capped to the room left
     clock: Clock | None = None
+    ticket: Ticket | None = None  # the admission ticket the turn's KV is reserved on
+    granted: int = 0  # completion tokens reserved so far (grown as they are taken: :meth:`_grow`)
     _closed: bool = field(default=False, repr=False)
     _decoding: AsyncGenerator[Delta, None] | None = field(default=None, repr=False)
 
@@ -101,6 +105,7 @@ class OpenTurn:
                 async for step in steps:
                     if self.clock is not None and "total" not in self.chat.timings:
                         self.chat.timings.update(self.clock.first_token())
+                    self._grow(len(self.chat.turn.generated))
                     text = decoder.push(step.token)
                     reason = step.finish_reason
                     entry = logprob_entry(service.tokenizer, step) if params.logprobs else None
@@ -114,6 +119,16 @@ class OpenTurn:
         chat = self.chat
         if chat.auto is not None and chat.session is not None:  # the reply recognises the next request
             service.conversations.replied(chat.session, self.outcome.message)
+
+    def _grow(self, taken: int) -> None:
+        """Keep ``HEADROOM / 2`` reserved completion tokens ahead of the ``taken`` ones, growing by
+        ``HEADROOM`` up to ``max_tokens`` (:mod:`.room`)."""
+        limit = self.params.max_tokens
+        if self.ticket is None or self.granted >= limit or taken + HEADROOM // 2 < self.granted:
+            return
+        more = min(HEADROOM, limit - self.granted)
+        self.service.room.grow(self.ticket, more, keep=self.chat.session)
+        self.granted += more
 
     @property
     def ended(self) -> asyncio.Event | None:
@@ -161,6 +176,7 @@ class OpenTurn:
                 await decoding.aclose()
         finally:
             await self.stack.aclose()
+            self.service.room.fit()  # the session it leaves idle must fit beside the reservations
 
 
 def _capped(req: ChatCompletionRequest, prompt_tokens: int, context: int) -> int | None:
@@ -228,13 +244,15 @@ class ChatPipeline:
             params.constraint = await self._constrain(req, tools, owner)  # 4. constrain
             clock.mark("constrain")
             decoder = self._decoder(req, params, tools)
-            chat = await self._start(stack, req, owner, prompt, ticket, params.max_tokens)  # 5.–7.
+            granted = service.room.headroom(params.max_tokens)
+            chat = await self._start(stack, req, owner, prompt, ticket, granted)  # 5.–7.
             clock.mark("turn")
         except BaseException:
             await stack.aclose()
             raise
         chat.timings = clock.turn_timings(chat.turn.timings)
-        return OpenTurn(service, chat, params, decoder, stack, capped_to=capped, clock=clock)
+        return OpenTurn(service, chat, params, decoder, stack, capped_to=capped, clock=clock, ticket=ticket,
+                        granted=granted)  # fmt: skip
 
     async def count_tokens(self, req: ChatCompletionRequest, owner: str | None) -> int:
         """The length of ``req``'s prompt (one render, no turn)."""
@@ -298,12 +316,13 @@ class ChatPipeline:
         owner: str | None,
         prompt: Prompt,
         ticket: Ticket,
-        max_tokens: int,
+        completion: int,
     ) -> ChatTurn:
-        """Steps 5–7: choose the session, reserve the KV, splice and prefill; what to undo goes on ``stack``."""
+        """Steps 5–7: choose the session, reserve the KV (the prompt and ``completion`` tokens),
+        splice and prefill; what to undo goes on ``stack``."""
         service, ext = self.service, req.leyline
         choice = choose_session(service, ext, owner, prompt)  # 5. choose the session
-        await service.room.reserve(ticket, len(prompt.tokens) + max_tokens, keep=choice.keep)  # 6. reserve
+        await service.room.reserve(ticket, len(prompt.tokens) + completion, keep=choice.keep)  # 6. reserve
         if choice.plain:
             chat = await service.start_plain(prompt.tokens, owner)  # 7. prefill (the prefix cache alone)
             stack.callback(lambda: service.engine.release(chat.turn.handle))
