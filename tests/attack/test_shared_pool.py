@@ -29,7 +29,7 @@ from leyline_server.local import local_service
 from tests.attack.helpers import KEYS, MODEL, auth, serve, service
 
 A, B = auth(KEYS[0]), auth(KEYS[1])
-POOL_MB = 2.45  # ~5,000 tokens of tiny-gqa's KV: one context (4,096) and a bit
+POOL_MB = 2.45  # ~5,000 tokens of tiny-gqa's KV in float32: one context (4,096) and a bit
 
 
 def tokens(n: int, seed: int) -> list[int]:
@@ -49,7 +49,7 @@ async def _alive(c: httpx.AsyncClient, session_id: str, key: dict) -> bool:
 
 
 async def test_one_keys_blocks_neither_fail_nor_drop_another_keys_sessions(engine):
-    svc = service(engine, kv_budget_mb=POOL_MB, api_keys=frozenset(KEYS))
+    svc = service(engine, kv_budget_mb=POOL_MB, kv_cache_dtype="float32", api_keys=frozenset(KEYS))
     pool, context = svc.engine.info.kv_capacity_tokens, svc.context_tokens
     assert context < pool < context + pool // 4 + 400, (pool, context)  # A's blocks and a context do not fit
     with serve(svc) as url:
