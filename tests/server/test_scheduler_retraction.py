@@ -115,3 +115,21 @@ def test_the_victim_is_a_paused_stream_then_the_one_with_the_fewest_tokens_then_
     assert victim([a, b, c], ahead=16) is c  # fewest generated (3), then the longest context (50)
     a.taken = a.generated - 16  # a's reader stopped: it sits out, holding its KV
     assert victim([a, b, c], ahead=16) is a
+
+
+async def test_a_prefill_without_room_retracts_a_stream_its_reader_left_paused():
+    eng = engine("tiny-gqa", layers=1, kv_budget_mb=POOL_MB)
+    front = AsyncEmbeddedEngine(eng, chunk_size=64)
+    params = SamplingParams(max_tokens=100, ignore_eos=True)
+    paused_prompt, other_prompt = _prompt(1, 300), _prompt(2, 300)  # 2 x 300 > the pool's 512
+    turn = await front.start_turn(paused_prompt, CacheScope(), None, None, "a")
+    stream = front.stream(turn, params)
+    first = (await anext(stream)).token  # then its reader stops: it decodes its run-ahead and sits out
+    other = await asyncio.wait_for(front.start_turn(other_prompt, CacheScope(), None, None, "b"), 30)
+    assert front.scheduler.retractions.total == 1  # the paused stream gave its room to the prefill
+    front.release(other.handle)  # (the server does when that turn ends): room comes back
+    rest = [step.token async for step in stream]  # the reader goes on: resumed, the same answer
+    assert [first, *rest] == _alone(paused_prompt, params)
+    front.release(turn.handle)
+    await _nothing_held(front, eng)
+    await front.close()

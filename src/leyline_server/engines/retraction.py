@@ -5,7 +5,8 @@ In the shape of SGLang's ``retract_decode``, on the CPU engines' thread
 
 * **When.** A step's decode finds no room in the pool (:class:`CapacityError` for its next token,
   after the engine evicted what cache it could). Running streams come first: a prefill chunk
-  without room waits instead (see the scheduler).
+  without room retracts only a stream that sits out for its reader (``RUN_AHEAD`` tokens ahead of
+  it: it decodes nothing meanwhile), and otherwise waits (see the scheduler).
 * **Whom.** One stream per short step, chosen by :func:`victim`: a stream paused by its reader
   first (it holds KV and decodes nothing), then SGLang's order: the fewest generated tokens (the
   least work lost), the longest context among those (the most room freed). The last running
@@ -140,12 +141,13 @@ class Retractions:
         self.waiting.popleft()
         self.resume = Resume(stream, prefill)
 
-    def advanced(self, failure: BaseException | None) -> Stream | None:
-        """After a step that ran the resume's chunk: the stream, once it decodes again."""
+    def advanced(self, failure: BaseException | None, retry: bool) -> Stream | None:
+        """After a step that ran the resume's chunk: the stream, once it decodes again. A chunk
+        without room is tried again next step (``retry``: streams decode) or when room comes back."""
         resume = self.resume
         assert resume is not None and resume.stream.job is not None
         if isinstance(failure, CapacityError):
-            resume.blocked = True  # until room comes back
+            resume.blocked = not retry
             return None
         if failure is None and resume.job.left:
             return None

@@ -34,8 +34,9 @@ is aborted before its next chunk (or its result released, if it had finished).
 **Room.** The pool's room goes to the running streams' next tokens first. When a step's decodes
 find none, a running stream is *retracted* (:mod:`.retraction`: its KV given back, resumed
 later, served before new prefills, answering the same tokens); a prefill chunk that finds no room
-waits while streams decode (their room comes back as they end or are retracted) and fails as
-before (the service sheds idle cache and retries it) when none does.
+retracts a stream that sits out for its reader, else tries again while streams decode (their room
+comes back as they end or are retracted), and fails as before (the service sheds idle cache and
+retries it) when none does.
 
 Everything the core touches runs on this thread; the event loop only queues work and reads
 results (``loop.call_soon_threadsafe``).
@@ -277,8 +278,8 @@ class Scheduler:
             failures = self.core.forward(work, [s.job for s in decodes])
         except BaseException as exc:  # noqa: BLE001 - a failed forward fails everyone in it
             failures = {c.job: exc for c in work} | {s.job: exc for s in decodes}
-        if resume is not None and mine and (back := self.retractions.advanced(failures.get(resume.job))):
-            self._streams.append(back)
+        if resume is not None and mine:
+            self._after_resume(failures.get(resume.job))
         self._after_decodes(decodes, failures)
         self._after_chunks(chunks, failures)
 
@@ -300,26 +301,51 @@ class Scheduler:
     def _make_room(self, short: list[Stream]) -> None:
         """Retract one running stream (:func:`~.retraction.victim`); the last one only for prefill
         work in progress that holds room, else the streams without room fail (503 ``capacity``)."""
-        running = [s for s in self._streams if s.job is not None and s.job.pending is not None and not s.failed]
+        running = self._holding()
         held = any(r.job is not None and r.job.done > r.job.reused for q in self._prefills.values() for r in q)
         if len(running) > 1 or (running and (held or self.retractions.resume is not None)):
-            chosen = victim(running, self.ahead)
-            self._streams.remove(chosen)
-            self.retractions.retract(chosen)
-            self._came_back()
-            self.retractions.freed = False  # (room a retraction frees is not for resuming)
+            self._retract(victim(running, self.ahead))
             return
         for stream in short:
             stream.failed = True
             stream.deliver(CapacityError(f"the KV pool ({self.core.info.kv_capacity_tokens} tokens) is full"))
 
+    def _after_resume(self, failure: BaseException | None) -> None:
+        """The resumed stream decodes again; a resume without room retracts a stream that sits out
+        for its reader, else tries again while streams decode, or waits for room to come back."""
+        holding = self._holding()
+        back = self.retractions.advanced(failure, retry=bool(holding))
+        if back is not None:
+            self._streams.append(back)
+        elif isinstance(failure, CapacityError) and (paused := [s for s in holding if not s.runnable(self.ahead)]):
+            self._retract(victim(paused, self.ahead))
+
+    def _holding(self) -> list[Stream]:
+        """The streams holding KV that a retraction could give back (sampled, not ended)."""
+        return [s for s in self._streams if s.job is not None and s.job.pending is not None and not s.failed]
+
+    def _retract(self, stream: Stream) -> None:
+        self._streams.remove(stream)
+        self.retractions.retract(stream)
+        self._came_back()
+        self.retractions.freed = False  # (room a retraction frees is not for resuming)
+
     def _after_chunks(self, chunks: list[Planned], failures: dict[object, BaseException]) -> None:
-        """Finish the prefills whose last chunk ran; one without room waits while streams decode."""
+        """Finish the prefills whose last chunk ran. One without room retracts a stream that sits
+        out for its reader, if there is one; else it tries again while streams decode, waits for
+        ended streams to close, and fails when there are none."""
+        holding = self._holding()
+        paused = [s for s in holding if not s.runnable(self.ahead)]
         for chunk in chunks:
             request = chunk.request
             failure = failures.get(request.job)
-            if isinstance(failure, CapacityError) and self._streams:
-                request.blocked = True  # until room comes back (a stream ends, or is retracted)
+            if isinstance(failure, CapacityError) and paused:
+                self._retract(victim(paused, self.ahead))  # (the prefill tries again next step)
+                paused = [s for s in paused if s.job is not None and not s.job.retracted]
+            elif isinstance(failure, CapacityError) and holding:
+                pass  # the streams decode (each step), then end or pause: it tries again next step
+            elif isinstance(failure, CapacityError) and self._streams:
+                request.blocked = True  # ended streams not closed yet: until their close
             elif failure is not None:
                 self._remove(request)
                 request.fail(self.core, failure)
