@@ -12,6 +12,7 @@ from leyline_server.engines.factory import build_engine
 from leyline_server.engines.llamacpp.lib import LlamaModel
 from leyline_server.engines.llamacpp.loader import kv_cells, resolve_gguf
 from leyline_server.models import find_smollm2_gguf
+from tests.conformance.test_canary import _canaries
 
 
 def test_model_names_resolve(tiny1, tmp_path):
@@ -125,4 +126,9 @@ def test_the_default_serves_the_whole_context_with_llamacpps_kv_dtype(caplog):
     new, report = splice(core, handle, request)
     assert report.applied and report.canary == "passed", report
     core.release(new)
+    results = _canaries(core)  # the conformance suite's cases, on float16 keys
+    right = results.pop("right")
+    assert right.ran and right.error < right.tolerance, right
+    for case, result in results.items():  # wrong rows still fail by more than an order of magnitude
+        assert result.ran and result.error > 10 * result.tolerance, (case, result)
     asyncio.run(service.shutdown())
