@@ -145,10 +145,7 @@ class LlamaCppEngine:
 
     def drop_idle(self) -> int:
         """Evict every unpinned entry, resident or parked; how many went (benchmarks start from a clean pool)."""
-        dropped = 0
-        while self.cache.evict_one():
-            dropped += 1
-        return dropped
+        return self.cache.evict_all()
 
     def close(self) -> None:
         """Free the contexts and the model."""
