@@ -47,10 +47,10 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
         "--context-length", "--max-context-tokens", dest="context_length", type=int, default=None,
         help="longest prompt + completion (default: the model's, capped by the KV pool)",
     )  # fmt: skip
-    group.add_argument(
+    group.add_argument(  # (%(default).0s prints nothing: the help says the default, not "None")
         "--kv-budget-mb", type=float, default=None,
         help="memory for the KV pool, in MiB (default: sized from the memory available, to hold the served "
-        "context twice, at least 256 MiB, at most half of what is available; logged at start)",
+        "context twice, at least 256 MiB, at most half of what is available; logged at start)%(default).0s",
     )  # fmt: skip
     group.add_argument(
         "--disable-prefix-cache", action="store_true", help="recompute every prompt from scratch (a baseline)"
