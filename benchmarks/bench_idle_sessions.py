@@ -44,7 +44,11 @@ async def measure(parking: bool, args: argparse.Namespace, scenario: Scenario) -
     from leyline_server.engines.values import CacheScope
 
     config = EngineConfig(
-        model="smollm2-135m", kv_budget_mb=args.kv_budget_mb, dtype="float16", swap_space_gb=4.0 if parking else 0.0
+        engine="llamacpp",
+        model="smollm2-135m",
+        kv_budget_mb=args.kv_budget_mb,
+        kv_cache_dtype="float16",
+        swap_space_gb=4.0 if parking else 0.0,
     )
     engine, _ = load_llamacpp(config, threads=THREADS, flash_attn=False)
     rows, idle = [], []

@@ -21,7 +21,7 @@ import signal
 import sys
 from typing import Any
 
-from leyline_server.engines.config import DEFAULT_ROTATION_BUDGET, DTYPES, ENGINES, EngineConfig
+from leyline_server.engines.config import DEFAULT_ROTATION_BUDGET, DTYPES, ENGINES, KV_CACHE_DTYPES, EngineConfig
 
 __all__ = ["main", "build_parser", "build_service", "engine_config", "server_config", "parse_args", "kv_budget_mb"]
 
@@ -34,13 +34,25 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     group.add_argument("--served-model-name", action="append", default=None, help="name(s) clients use (repeatable)")
     group.add_argument("--engine", choices=ENGINES, default="embedded", help="where the KV cache lives")
-    group.add_argument("--dtype", choices=DTYPES, default="float32", help="weights and KV dtype")
+    group.add_argument(
+        "--dtype", choices=DTYPES, default="float32",
+        help="the weights' dtype (embedded; passed to SGLang when given; a GGUF's weights are the file's)",
+    )  # fmt: skip
+    group.add_argument(
+        "--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+        help="the KV cache's dtype: auto is float16 on llama.cpp (llama.cpp's default) and the weights' "
+        "dtype on the embedded engine (which keeps its KV in it); with --engine sglang, SGLang's own flag",
+    )  # fmt: skip
     group.add_argument("--preset-layers", type=int, default=2, help="decoder layers of a preset model")
     group.add_argument(
         "--context-length", "--max-context-tokens", dest="context_length", type=int, default=None,
         help="longest prompt + completion (default: the model's, capped by the KV pool)",
     )  # fmt: skip
-    group.add_argument("--kv-budget-mb", type=float, default=256.0, help="memory for the KV pool, in MiB")
+    group.add_argument(  # (%(default).0s prints nothing: the help says the default, not "None")
+        "--kv-budget-mb", type=float, default=None,
+        help="memory for the KV pool, in MiB (default: sized from the memory available, to hold the served "
+        "context twice, at least 256 MiB, at most half of what is available; logged at start)%(default).0s",
+    )  # fmt: skip
     group.add_argument(
         "--disable-prefix-cache", action="store_true", help="recompute every prompt from scratch (a baseline)"
     )
@@ -178,6 +190,9 @@ def _parse_engine_args(parser: argparse.ArgumentParser, argv: list[str]) -> argp
     ``args.engine_args`` is SGLang's command line (empty for the other engines, which refuse
     unknown flags as before). Without the sglang extra this prints the install line and exits 2.
     """
+    sglang_kv: list[str] = []
+    if _names_sglang(argv):  # SGLang's own --kv-cache-dtype (its fp8 kinds too): passed through as given
+        argv, sglang_kv = _split_flag(argv, "--kv-cache-dtype")
     known, extra = parser.parse_known_args([a for a in argv if a not in ("-h", "--help")])
     if known.engine != "sglang":
         args = parser.parse_args(argv)
@@ -203,19 +218,43 @@ def _parse_engine_args(parser: argparse.ArgumentParser, argv: list[str]) -> argp
     for flag in ("--chunked-prefill-size", "--max-running-requests"):  # SGLang's own flags of these names
         if any(a == flag or a.startswith(flag + "=") for a in argv):
             extra += [flag, str(getattr(known, flag[2:].replace("-", "_")))]
+    extra += sglang_kv
     known.engine_args = sglang_argv(known.model, extra, known.context_length, known.mem_fraction_static, dtype)
     return known
 
 
-def kv_budget_mb(args: argparse.Namespace) -> float:
-    """The KV pool size: ``--mem-fraction-static`` of available memory, else ``--kv-budget-mb``."""
+def _names_sglang(argv: list[str]) -> bool:
+    """Whether the command line asks for ``--engine sglang``."""
+    pairs = zip(argv, argv[1:], strict=False)
+    return "--engine=sglang" in argv or any(a == "--engine" and b == "sglang" for a, b in pairs)
+
+
+def _split_flag(argv: list[str], flag: str) -> tuple[list[str], list[str]]:
+    """(``argv`` without ``flag`` and its value, the flag and its value as given)."""
+    rest: list[str] = []
+    taken: list[str] = []
+    items = iter(argv)
+    for a in items:
+        if a == flag:
+            taken += [a, next(items, "")]
+        elif a.startswith(flag + "="):
+            taken.append(a)
+        else:
+            rest.append(a)
+    return rest, taken
+
+
+def kv_budget_mb(args: argparse.Namespace) -> float | None:
+    """The KV pool size: ``--mem-fraction-static`` of available memory, else ``--kv-budget-mb``,
+    else ``None`` (the engine sizes it from the machine for the served context)."""
     fraction = args.mem_fraction_static
     if fraction is None:
-        return float(args.kv_budget_mb)
+        return None if args.kv_budget_mb is None else float(args.kv_budget_mb)
     if not 0 < fraction < 1:
         raise ValueError("--mem-fraction-static must lie in (0, 1)")
-    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return fraction * available / 2**20
+    from leyline_server.engines.kv_budget import available_bytes
+
+    return fraction * available_bytes() / 2**20
 
 
 def sampling_defaults(text: str) -> dict[str, float] | None:
@@ -246,8 +285,10 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         model=args.model,
         served_name=names[0] if names else None,
         dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
         preset_layers=args.preset_layers,
         kv_budget_mb=kv_budget_mb(args),
+        kv_budget_from="--kv-budget-mb" if args.mem_fraction_static is None else "--mem-fraction-static",
         context_length=args.context_length,
         prefix_cache=not args.disable_prefix_cache,
         swap_space_gb=float(args.swap_space),

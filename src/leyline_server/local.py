@@ -35,6 +35,7 @@ def local_service(
     engine: str = "embedded",
     prefix_cache: bool = True,
     swap_space_gb: float = 4.0,
+    kv_cache_dtype: str = "auto",
     **config: Any,
 ) -> Any:
     """A :class:`~leyline_server.api.service.LeylineService` for ``model`` (presets need no download).
@@ -42,7 +43,8 @@ def local_service(
     ``config`` overrides :class:`~leyline_server.api.service.ServerConfig` fields; by default the
     context is 4,096 tokens (capped by the model and the pool, which tests keep small on purpose)
     and a request without ``max_tokens`` generates at most 16. ``swap_space_gb``: the llama.cpp
-    engine's parking budget (``--swap-space``).
+    engine's parking budget (``--swap-space``); ``kv_cache_dtype``: ``--kv-cache-dtype`` (``auto``:
+    float16 on llama.cpp, as the CLI).
     """
     from leyline_server.api.service import LeylineService, ServerConfig
     from leyline_server.engines.factory import EngineConfig, build_engine
@@ -55,6 +57,7 @@ def local_service(
         preset_layers=layers,
         prefix_cache=prefix_cache,
         swap_space_gb=swap_space_gb,
+        kv_cache_dtype=kv_cache_dtype,
     )
     built, tokenizer = build_engine(engine_config)
     return LeylineService(built, tokenizer, ServerConfig(**settings))

@@ -5,6 +5,9 @@ The scheduler issue's finding: a non-streamed request without ``max_tokens`` kep
 gives up half a second into a request that would decode ~4,000 tokens (the end token
 forbidden by ``logit_bias``); the server's ``/metrics`` must show no KV reserved within a few
 seconds, and another key's request must be served at once.
+
+And a stream its client closes unread: the next request on its session finds the session where
+the stream left it, however the cancellation is timed (issue 43's race).
 """
 
 from __future__ import annotations
@@ -78,3 +81,48 @@ async def test_shutdown_does_not_wait_on_an_answer_whose_client_has_gone(engine)
         code = server.proc.wait(timeout=60)
         took = time.perf_counter() - started
     assert code == 0 and took < 5.0, (code, took)
+
+
+async def test_the_turn_after_an_abandoned_stream_finds_the_session_where_the_stream_left_it(engine):
+    """The openai-idioms race (issue 43), made deterministic.
+
+    A stream closed unread while the server's write waits on the client: the route's generator is
+    closed, but the decode loop inside it was only dropped, and the engine committed its tokens
+    later, after the session had been handed to the next request. Here the engine thread is held
+    while the client closes the stream and reads the session at once (what the SDK does before its
+    next turn): the base it reads must be the one the stream leaves, and the next turn, sent with
+    that base, must continue the session without a ``base_mismatch``.
+    """
+    import socket
+    import threading
+
+    svc = service(engine, stream_stall_timeout_s=60)
+    messages = [{"role": "user", "content": "count"}]
+    body = {"model": MODEL, "messages": messages, "max_tokens": 3000, "ignore_eos": True, "temperature": 0,
+            "stream": True, "leyline": {}}  # fmt: skip
+    transport = httpx.AsyncHTTPTransport(socket_options=[(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)])
+    gate = threading.Event()
+    with serve(svc, send_buffer=8192) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as c:
+            async with httpx.AsyncClient(base_url=url, timeout=120, transport=transport) as reader:
+                request = reader.build_request("POST", "/v1/chat/completions", json=body)
+                stream = await reader.send(request, stream=True)
+                session_id = stream.headers["x-leyline-session"]
+                await asyncio.sleep(1.0)  # the server's writes now wait on a client that reads nothing
+                held = asyncio.ensure_future(svc.engine.scheduler.call(gate.wait))  # the engine thread is busy
+                await stream.aclose()  # the client gives up on the stream
+            read = asyncio.ensure_future(c.get(f"/v1/leyline/sessions/{session_id}"))  # at once
+            await asyncio.sleep(0.5)
+            gate.set()
+            await held
+            first = (await read).json()
+            await asyncio.sleep(0.5)
+            settled = (await c.get(f"/v1/leyline/sessions/{session_id}")).json()
+            assert first["base"] == settled["base"], "the session was read before the stream's tokens were kept"
+            assert settled["base"]["length"] > 20  # the prompt and the tokens the stream sent before it stalled
+            ext = {"session_id": session_id, "base": first["base"]}
+            more = messages + [{"role": "assistant", "content": "1 2 3"}, {"role": "user", "content": "go on"}]
+            nxt = await c.post("/v1/chat/completions", json={"model": MODEL, "messages": more, "max_tokens": 2,
+                                                             "leyline": ext})  # fmt: skip
+            assert nxt.status_code == 200, nxt.text
+            assert nxt.json()["leyline"]["fallback"] is None

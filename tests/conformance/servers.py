@@ -115,10 +115,12 @@ class ServerPool:
         name, layers = MODELS[model]
         started = time.monotonic()
         # SmolLM2 takes ~46 KB a token: 256 MiB hold ~5.8k tokens, a session, a block and a request
-        # at once; one key may reserve the whole pool (the tests use two keys, one at a time)
+        # at once; one key may reserve the whole pool (the tests use two keys, one at a time). KV in
+        # float32 on every engine: the exact oracle (a one-layer splice equals a fresh prefill)
         service = local_service(
-            name, layers=max(layers, 1), engine=engine, kv_budget_mb=256.0, api_keys=frozenset(KEYS),
-            max_context_tokens=4096, default_max_tokens=16, kv_share_per_key=1.0, admission_timeout_s=5.0,
+            name, layers=max(layers, 1), engine=engine, kv_budget_mb=256.0, kv_cache_dtype="float32",
+            api_keys=frozenset(KEYS), max_context_tokens=4096, default_max_tokens=16, kv_share_per_key=1.0,
+            admission_timeout_s=5.0,
         )  # fmt: skip
         stack = contextlib.ExitStack()
         url = stack.enter_context(serve_in_thread(service))

@@ -34,8 +34,11 @@ def _build(engine: str, model: str) -> Any:
     from leyline_server.engines.factory import build_engine
 
     name, layers = MODELS[model]
-    if engine != "sglang":
-        return build_engine(EngineConfig(engine=engine, model=name, kv_budget_mb=16.0, preset_layers=layers))[0]
+    if engine != "sglang":  # float32 KV, as the conformance servers (llama.cpp's default float16: test_loader)
+        config = EngineConfig(
+            engine=engine, model=name, kv_budget_mb=16.0, kv_cache_dtype="float32", preset_layers=layers
+        )
+        return build_engine(config)[0]
     from tests.sglang.cpu_server import CPU_FLAGS, checkpoint
 
     argv = ["--model-path", str(checkpoint(name, layers)), *CPU_FLAGS, "--max-total-tokens", "4096"]

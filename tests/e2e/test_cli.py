@@ -89,7 +89,9 @@ def test_cli_help_shows_familiar_flags_and_defaults():
                  "--render-timeout", "--max-concurrent-per-key", "--kv-share-per-key", "--admission-timeout",
                  "--stream-stall-timeout"):  # fmt: skip
         assert flag in out.stdout
-    assert "(default: 256.0)" in out.stdout and "(default: 3600.0)" in out.stdout
+    assert "(default: 3600.0)" in out.stdout and "(default: auto)" in out.stdout  # --kv-cache-dtype
+    text = " ".join(out.stdout.split())  # (the help is wrapped)
+    assert "sized from the memory available" in text and "logged at start) --" in text  # no "(default: None)"
 
 
 def test_cli_refuses_unavailable_engine_and_unknown_model():

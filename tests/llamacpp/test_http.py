@@ -31,7 +31,10 @@ MESSAGES = [
 
 @pytest.fixture(scope="module")
 def server():
-    service = local_service(MODEL, engine="llamacpp", max_directives=4, max_replacement_tokens=50)
+    # float32 KV: the same numbers as the embedded engine (float16, llama.cpp's default, rounds them)
+    service = local_service(
+        MODEL, engine="llamacpp", kv_cache_dtype="float32", max_directives=4, max_replacement_tokens=50
+    )
     assert service.engine.info.engine == "llamacpp"
     with serve_in_thread(service) as url:
         yield url

@@ -12,6 +12,7 @@ from leyline_server.engines.factory import build_engine
 from leyline_server.engines.llamacpp.lib import LlamaModel
 from leyline_server.engines.llamacpp.loader import kv_cells, resolve_gguf
 from leyline_server.models import find_smollm2_gguf
+from tests.conformance.test_canary import _canaries
 
 
 def test_model_names_resolve(tiny1, tmp_path):
@@ -46,7 +47,7 @@ def test_the_cli_builds_the_llamacpp_engine():
     )
     service = build_service(args)
     info = service.engine.info
-    assert info.engine == "llamacpp" and info.kv_capacity_tokens == 8192 and info.shiftable
+    assert info.engine == "llamacpp" and info.kv_capacity_tokens == 16384 and info.shiftable  # float16 KV
     assert service.chat.render([{"role": "user", "content": "hi"}]).tokens[:1] == [1]  # <|im_start|>
     asyncio.run(service.shutdown())
 
@@ -72,7 +73,8 @@ def test_every_config_field_reaches_the_llamacpp_engine():
         engine="llamacpp",
         model="tiny-gqa",
         served_name="served",
-        dtype="float16",
+        dtype="bfloat16",
+        kv_cache_dtype="float32",
         preset_layers=1,
         kv_budget_mb=1.0,
         context_length=1000,
@@ -81,20 +83,52 @@ def test_every_config_field_reaches_the_llamacpp_engine():
     )
     engine, _ = build_engine(config)
     core = engine.core  # type: ignore[attr-defined]
-    assert core.model.n_layer == 1 and core.kv_type == "float16"
-    assert core.ctx.n_ctx == kv_cells(core.model, 1.0, "float16") == core.info.kv_capacity_tokens
+    assert core.model.n_layer == 1 and core.kv_type == "float32"  # the KV's flag, not the weights'
+    assert core.ctx.n_ctx == kv_cells(core.model, 1.0, "float32") == core.info.kv_capacity_tokens
     assert core.info.name == "served" and core.info.max_context_tokens == 1000
     assert core.prefix_cache is False and core.cache.park_budget == 2**28
     asyncio.run(engine.close())
 
 
 def test_a_context_longer_than_the_pool_is_refused_at_start(capsys):
-    # SmolLM2 at float32: 46,080 bytes per cell, so the default 256 MiB pool holds 5,632 cells;
-    # --context-length 8192 used to be served as 5,632 tokens without a word.
+    # SmolLM2 with float32 KV: 46,080 bytes per cell, so a 256 MiB pool (the old default) holds
+    # 5,632 cells; --context-length 8192 used to be served as 5,632 tokens without a word.
     argv = ["--engine", "llamacpp", "--model-path", "smollm2-135m", "--context-length", "8192"]
-    assert main(argv) == 2
+    assert main([*argv, "--kv-cache-dtype", "float32", "--kv-budget-mb", "256"]) == 2
     assert "raise --kv-budget-mb to at least 360" in capsys.readouterr().err
-    service = build_service(parse_args([*argv, "--kv-budget-mb", "360"]))
+    service = build_service(parse_args([*argv, "--kv-cache-dtype", "float32", "--kv-budget-mb", "360"]))
     info = service.engine.info
     assert info.max_context_tokens == 8192 and info.kv_capacity_tokens >= 8192
+    asyncio.run(service.shutdown())
+
+
+@pytest.mark.slow  # SmolLM2: ~12 s
+def test_the_default_serves_the_whole_context_with_llamacpps_kv_dtype(caplog):
+    """No --kv-budget-mb, no --kv-cache-dtype: float16 KV (llama.cpp's default, half the bytes),
+    a pool sized from the machine for the model's whole context, said at start; the canary's
+    tolerance follows the KV dtype, and a splice on that pool passes it."""
+    from leyline_sdk.core.directives import Directive
+    from leyline_server.engines.config import CANARY_TOLERANCES
+    from leyline_server.engines.values import CacheScope, SpliceRequest
+    from leyline_server.splice import splice
+
+    with caplog.at_level("INFO", logger="leyline.engine"):
+        service = build_service(parse_args(["--engine", "llamacpp", "--model-path", "smollm2-135m"]))
+    core = service.engine.core
+    assert core.kv_type == "float16" and core.canary_tolerance == CANARY_TOLERANCES["ggml"]["float16"]
+    assert service.context_tokens == core.model.n_ctx_train == 8192 and core.ctx.n_ctx >= 2 * 8192
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("KV pool:"))
+    assert f"KV pool: {core.ctx.n_ctx} tokens, 360 MiB, from the machine: 2 x the 8,192-token context" in line
+    base = [(37 * i + 11) % 1000 + 7 for i in range(300)]
+    scope = CacheScope(private="s")
+    handle = core.prefill(base, scope).handle
+    request = SpliceRequest([Directive(start=40, end=90, replacement=[101, 102, 103])])
+    new, report = splice(core, handle, request)
+    assert report.applied and report.canary == "passed", report
+    core.release(new)
+    results = _canaries(core)  # the conformance suite's cases, on float16 keys
+    right = results.pop("right")
+    assert right.ran and right.error < right.tolerance, right
+    for case, result in results.items():  # wrong rows still fail by more than an order of magnitude
+        assert result.ran and result.error > 10 * result.tolerance, (case, result)
     asyncio.run(service.shutdown())

@@ -92,3 +92,24 @@ def test_bad_settings_are_refused():
     for bad in ({"capacity": 0}, {"concurrent": 0}, {"share": 0}, {"share": 1.5}, {"timeout": -1}):
         with pytest.raises(ValueError):
             admission(**bad)
+
+
+async def test_a_running_request_grows_its_reservation_without_waiting_and_newcomers_wait_for_room():
+    adm = admission(capacity=1000, share=1.0, timeout=5)
+
+    async def late() -> int:
+        async with adm.slot("b") as ticket:
+            await adm.reserve(ticket, 50)
+            return adm.reserved
+
+    async with adm.slot("a") as first:
+        async with adm.slot("a") as second:
+            await adm.reserve(first, 400)
+            await adm.reserve(second, 400)
+            adm.grow(first, 300)  # past the pool: its tokens are being generated, nothing waits for them
+            assert adm.reserved == 1100 and adm.in_flight("a") == (2, 1100)
+            waiting = asyncio.create_task(late())  # a newcomer waits for room
+            await asyncio.sleep(0.05)
+            assert not waiting.done() and adm.waiting == 1
+        assert await asyncio.wait_for(waiting, 1) == 750  # room came back with the second's end: granted
+    assert adm.reserved == 0 and adm.in_flight("a") == (0, 0)

@@ -58,7 +58,8 @@ def test_every_model_flag_changes_the_engine_config():
 def test_each_flag_lands_in_its_field():
     args = parse_args(
         ["--model-path", "tiny-gqa", "--served-model-name", "a", "--served-model-name", "b", "--engine", "llamacpp",
-         "--dtype", "bfloat16", "--preset-layers", "3", "--context-length", "300", "--kv-budget-mb", "12",
+         "--dtype", "bfloat16", "--kv-cache-dtype", "float32", "--preset-layers", "3", "--context-length", "300",
+         "--kv-budget-mb", "12",
          "--disable-prefix-cache", "--swap-space", "0.5", "--rotation-budget", "7", "--canary-tolerance", "0.01",
          "--chunked-prefill-size", "64", "--max-running-requests", "9"]
     )  # fmt: skip
@@ -67,6 +68,7 @@ def test_each_flag_lands_in_its_field():
         model="tiny-gqa",
         served_name="a",
         dtype="bfloat16",
+        kv_cache_dtype="float32",
         preset_layers=3,
         kv_budget_mb=12.0,
         context_length=300,
@@ -78,7 +80,9 @@ def test_each_flag_lands_in_its_field():
         max_running_requests=9,
     )
     fraction = engine_config(parse_args(["--mem-fraction-static", "0.01"]))
-    assert 0 < fraction.kv_budget_mb != 256.0  # a share of the memory available, not the default budget
+    assert fraction.kv_budget_mb is not None and fraction.kv_budget_mb > 0  # a share of the memory available
+    assert fraction.kv_budget_from == "--mem-fraction-static"
+    assert engine_config(parse_args([])).kv_budget_mb is None  # no flag: sized from the machine
 
 
 def test_the_config_is_frozen_and_checked():
@@ -86,7 +90,9 @@ def test_the_config_is_frozen_and_checked():
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.model = "x"  # type: ignore[misc]
     for bad, flag in (({"swap_space_gb": -1}, "--swap-space"), ({"kv_budget_mb": 0}, "--kv-budget-mb"),
-                      ({"dtype": "int8"}, "--dtype"), ({"engine": "vllm"}, "unknown engine")):  # fmt: skip
+                      ({"dtype": "int8"}, "--dtype"), ({"engine": "vllm"}, "unknown engine"),
+                      ({"kv_cache_dtype": "int8", "engine": "llamacpp"}, "--kv-cache-dtype"),
+                      ({"kv_cache_dtype": "float16"}, "keeps its KV in the weights' dtype")):  # fmt: skip
         with pytest.raises(ValueError, match=flag):
             EngineConfig(**bad)
 
@@ -164,3 +170,48 @@ def test_context_window_rounds_the_budget_to_the_pool_granule():
     assert context_window(4096, 8192, 5632, 46080, granule=256) == 4096
     with pytest.raises(ValueError, match="at least 360 "):  # 8192 cells x 46,080 bytes = 360 MiB
         context_window(8192, 8192, 5632, 46080, granule=256)
+
+
+def test_the_kv_cache_dtype_is_its_own_flag_auto_being_float16_on_llamacpp():
+    assert EngineConfig(engine="llamacpp").kv_dtype == "float16"  # llama.cpp's own default
+    assert EngineConfig(engine="llamacpp", dtype="float32", kv_cache_dtype="float32").kv_dtype == "float32"
+    assert EngineConfig(dtype="bfloat16").kv_dtype == "bfloat16"  # embedded: the weights' dtype
+    args = parse_args(["--engine", "sglang", "--kv-cache-dtype", "fp8_e4m3"]) if _has_sglang() else None
+    if args is not None:  # SGLang's own values pass through to it
+        assert args.engine_args[-2:] == ["--kv-cache-dtype", "fp8_e4m3"]
+
+
+def _has_sglang() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("sglang") is not None
+
+
+def test_the_default_pool_holds_the_served_context_twice_within_half_the_machine():
+    from leyline_server.engines.kv_budget import FLOOR_MB, machine_budget
+
+    mib, gib = 2**20, 2**30
+    # SmolLM2 on the embedded engine: 46,080 bytes a token, 8,192 tokens = 360 MiB; 720 MiB for two
+    roomy = machine_budget(8192, 46_080, 16 * gib, asked=True)
+    assert roomy.mb == 720 and "2 x the 8,192-token context" in roomy.source
+    assert machine_budget(1000, 512, 16 * gib, asked=False).mb == FLOOR_MB  # a small model: the floor
+    tight = machine_budget(8192, 46_080, 1 * gib, asked=True)  # half the machine: 512 MiB, one context fits
+    assert tight.mb == 512 and "0.5 of the memory available" in tight.source
+    with pytest.raises(ValueError, match=r"--context-length 32768 needs a KV pool of 1,440 MiB .* 512 MiB"):
+        machine_budget(32768, 46_080, 1 * gib, asked=True)  # even the machine cannot hold it: said clearly
+    capped = machine_budget(32768, 46_080, 1 * gib, asked=False)  # the model's own context: capped by the pool
+    assert capped.mb == 512
+    cells = machine_budget(1000, 23_040, 16 * gib, asked=True, granule=256)  # llama.cpp grows in 256 cells
+    assert cells.mb * mib >= 2 * 1024 * 23_040 - 1 and cells.mb == FLOOR_MB
+
+
+@pytest.mark.slow  # SmolLM2 and a 720 MiB pool: ~25 s
+def test_smollm2_starts_with_its_whole_context_without_a_budget(caplog):
+    # the old fixed default (256 MiB) held 5,632 of SmolLM2's 8,192 tokens in float32
+    with caplog.at_level("INFO", logger="leyline.engine"):
+        service = build_service(parse_args(["--model-path", "smollm2-135m", "--context-length", "8192"]))
+    info = service.engine.info
+    assert info.max_context_tokens == 8192 and info.kv_capacity_tokens >= 2 * 8192
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("KV pool:"))
+    assert line.startswith(f"KV pool: {info.kv_capacity_tokens} tokens, 720 MiB, from the machine"), line
+    asyncio.run(service.shutdown())

@@ -53,7 +53,7 @@ def _stream(key: str) -> Stream:
     loop.close()
 
     class Job:
-        finished, pending = False, 1
+        finished, pending, retracted = False, 1, False
 
     s.job = Job()  # type: ignore[assignment]
     return s

@@ -1,10 +1,11 @@
 """Fair admission: per-key limits on requests in flight and on the KV they may hold.
 
 Every request that does work holds a :class:`Ticket` (:meth:`Admission.slot`) while it runs:
-one of its key's ``max_concurrent`` slots. Before it allocates KV it reserves on that ticket the
-most KV it may hold (:meth:`Admission.reserve`: prompt + completion, plus the base a splice
-copies from); the reservation ends with the ticket (a stream's when the stream ends). A
-reservation is granted when
+one of its key's ``max_concurrent`` slots. Before it allocates KV it reserves on that ticket what
+it needs to start (:meth:`Admission.reserve`: the prompt and a bounded headroom for its first
+tokens, plus the base a splice copies from; the rule is :mod:`.room`'s), and the reservation grows
+as its tokens are generated (:meth:`Admission.grow`, which never waits); it ends with the ticket
+(a stream's when the stream ends). A reservation is granted when
 
 * the pool has room: the reservations in flight plus this one fit ``capacity`` tokens, and
 * the key stays within its share, ``min(share, 1 / active keys) × capacity`` (a key is *active*
@@ -16,6 +17,10 @@ back everyone behind it (no starvation of long requests); one blocked by its own
 does not. Past ``timeout_s`` the request gets 429 ``rate_limit_exceeded`` with ``Retry-After``.
 A key over its share therefore waits for its own requests, never another key's 503. Idle
 sessions and blocks are cache, not reservations: the service sheds them to make room.
+
+Growth may take the reservations past the pool: new requests then wait for room as usual, and
+the engine, whose pool is what really runs short, retracts a running stream (resumed later)
+instead of refusing anyone. No request is refused for another's unused ``max_tokens``.
 """
 
 from __future__ import annotations
@@ -107,6 +112,14 @@ class Admission:
         tokens = min(max(tokens, 1), self.capacity - ticket.reserved)
         if tokens > 0:
             await self._acquire(_Waiter(ticket, tokens, asyncio.get_running_loop().create_future()))
+
+    def grow(self, ticket: Ticket, tokens: int) -> None:
+        """Reserve ``tokens`` more on a running ticket at once, past the pool or its key's share if
+        need be (its tokens are being generated: nothing waits for them; see the module docstring)."""
+        if tokens > 0:
+            ticket.reserved += tokens
+            ticket.state.reserved += tokens
+            self.reserved += tokens
 
     def _forget_idle(self, key: str | None) -> None:
         state = self._keys.get(key)

@@ -46,6 +46,7 @@ def _system_routes(app: FastAPI) -> None:
         service.metrics.sessions.set(len(service.sessions))
         service.metrics.sessions_dropped.set(service.sessions.dropped)
         service.metrics.kv_reserved.set(service.admission.reserved)
+        service.metrics.retractions.set(getattr(service.engine, "retractions", 0))
         service.metrics.admission_waiting.set(service.admission.waiting)
         return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
 

@@ -24,6 +24,9 @@ class Metrics:
         self.kv_reserved = Gauge(
             "leyline_kv_reserved_tokens", "KV tokens reserved by requests in flight", registry=self.registry
         )
+        self.retractions = Gauge(
+            "leyline_retractions", "Streams retracted (KV given back, resumed) since start", registry=self.registry
+        )
         self.admission_waiting = Gauge(
             "leyline_admission_waiting",
             "Requests waiting for admission (a slot or their key's share)",

@@ -16,8 +16,9 @@ next starts:
    its field);
 5. **choose the session** — the extension's, the recognised conversation's, or none (a plain
    request: the prefix cache alone) (:mod:`.session_choice`);
-6. **reserve** — the turn's KV on the admission ticket (:mod:`.room`); a session's splice checked
-   (a strict one that cannot apply is its 4xx now) and the old base's KV reserved;
+6. **reserve** — the turn's KV on the admission ticket: the prompt and a bounded headroom, grown
+   as tokens are generated (:mod:`.room`); a session's splice checked (a strict one that cannot
+   apply is its 4xx now) and the old base's KV reserved;
 7. **splice + prefill** — one engine job (``Engine.start_turn``).
 
 :meth:`ChatPipeline.prepare` runs steps 1–6, everything that can fail with an HTTP error, and
@@ -40,7 +41,7 @@ holds (the session's new base, the admission slot and its reservation); the answ
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import AsyncExitStack, aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +56,7 @@ from leyline_server.api.errors import APIError
 from leyline_server.api.params import check_request, sampling_params, stop_strings
 from leyline_server.api.prompting import prompt_shape
 from leyline_server.api.responses import logprob_entry, usage
+from leyline_server.api.room import HEADROOM
 from leyline_server.api.schemas import ChatCompletionRequest
 from leyline_server.api.service import ChatTurn, LeylineService, Prompt
 from leyline_server.api.session_choice import choose_session, held_session
@@ -96,14 +98,23 @@ class OpenTurn:
     rest: str = ""  # the outcome's content not shown by any delta yet
     capped_to: int | None = None  # the completion limit, when the asked one was capped to the room left
     clock: Clock | None = None
+    ticket: Ticket | None = None  # the admission ticket the turn's KV is reserved on
+    granted: int = 0  # completion tokens reserved so far (grown as they are taken: :meth:`_grow`)
     _closed: bool = field(default=False, repr=False)
+    _decoding: AsyncGenerator[Delta, None] | None = field(default=None, repr=False)
 
-    async def deltas(self) -> AsyncIterator[Delta]:
+    def deltas(self) -> AsyncGenerator[Delta, None]:
         """Decode; yield each step's safe text (``""`` while held back) and logprobs entry.
 
         Sets :attr:`outcome` and :attr:`rest` once decoding ends. A pool that runs out mid-decode
-        is a 503 ``capacity`` (:class:`APIError`).
+        is a 503 ``capacity`` (:class:`APIError`). :meth:`close` closes the iterator if its reader
+        dropped it unfinished (a route's generator closed at a ``yield``: Python does not close
+        the loop it was in).
         """
+        self._decoding = self._deltas()
+        return self._decoding
+
+    async def _deltas(self) -> AsyncGenerator[Delta, None]:
         service, params, decoder = self.service, self.params, self.decoder
         reason: str | None = None
         try:
@@ -111,6 +122,7 @@ class OpenTurn:
                 async for step in steps:
                     if self.clock is not None and "total" not in self.chat.timings:
                         self.chat.timings.update(self.clock.first_token())
+                    self._grow(len(self.chat.turn.generated))
                     text = decoder.push(step.token)
                     reason = step.finish_reason
                     entry = logprob_entry(service.tokenizer, step) if params.logprobs else None
@@ -124,6 +136,16 @@ class OpenTurn:
         chat = self.chat
         if chat.auto is not None and chat.session is not None:  # the reply recognises the next request
             service.conversations.replied(chat.session, self.outcome.message)
+
+    def _grow(self, taken: int) -> None:
+        """Keep ``HEADROOM / 2`` reserved completion tokens ahead of the ``taken`` ones, growing by
+        ``HEADROOM`` up to ``max_tokens`` (:mod:`.room`)."""
+        limit = self.params.max_tokens
+        if self.ticket is None or self.granted >= limit or taken + HEADROOM // 2 < self.granted:
+            return
+        more = min(HEADROOM, limit - self.granted)
+        self.service.room.grow(self.ticket, more, keep=self.chat.session)
+        self.granted += more
 
     @property
     def ended(self) -> asyncio.Event | None:
@@ -153,10 +175,25 @@ class OpenTurn:
         return out
 
     async def close(self) -> None:
-        """Keep the session's new base (or release a plain turn's cache) and free the admission slot."""
-        if not self._closed:
-            self._closed = True
+        """End decoding, then keep the session's new base (or release a plain turn's cache) and free
+        the admission slot.
+
+        Decoding ends first: a reader that dropped :meth:`deltas` unfinished (a stream closed while
+        its write waited on the client) left the engine's stream open, and the engine commits the
+        delivered tokens only when that stream closes. Closing it here, before the session is let
+        go, means the next request on the session (or a read of its base) finds it where the
+        stream left it, never the prompt without its answer (issue 43's ``base_mismatch``).
+        """
+        if self._closed:
+            return
+        self._closed = True
+        decoding, self._decoding = self._decoding, None
+        try:
+            if decoding is not None and not getattr(decoding, "ag_running", False):  # (running: it ends itself)
+                await decoding.aclose()
+        finally:
             await self.stack.aclose()
+            self.service.room.fit()  # the session it leaves idle must fit beside the reservations
 
 
 @dataclass
@@ -177,6 +214,8 @@ class PreparedTurn:
     capped_to: int | None = None
     clock: Clock = field(default_factory=Clock)
     progress: PrefillProgress = field(default_factory=PrefillProgress)
+    ticket: Ticket | None = None  # the admission ticket the turn's KV is reserved on
+    granted: int = 0  # completion tokens reserved at admission (:attr:`OpenTurn.granted`)
     _task: asyncio.Task[OpenTurn] | None = field(default=None, repr=False)
     _turn: OpenTurn | None = field(default=None, repr=False)
     _closed: bool = field(default=False, repr=False)
@@ -210,8 +249,8 @@ class PreparedTurn:
         chat = await self.begin(self.progress)  # 7. splice + prefill
         self.clock.mark("turn")
         chat.timings = self.clock.turn_timings(chat.turn.timings)
-        self._turn = OpenTurn(self.service, chat, self.params, self.decoder, self.stack,
-                              capped_to=self.capped_to, clock=self.clock)  # fmt: skip
+        self._turn = OpenTurn(self.service, chat, self.params, self.decoder, self.stack, capped_to=self.capped_to,
+                              clock=self.clock, ticket=self.ticket, granted=self.granted)  # fmt: skip
         return self._turn
 
     @property
@@ -235,6 +274,7 @@ class PreparedTurn:
             await self._turn.close()
         else:
             await self.stack.aclose()
+            self.service.room.fit()  # the session it leaves idle must fit beside the reservations
 
 
 def _capped(req: ChatCompletionRequest, prompt_tokens: int, context: int) -> int | None:
@@ -287,12 +327,13 @@ class ChatPipeline:
             params.constraint = await self._constrain(req, tools, owner)  # 4. constrain
             clock.mark("constrain")
             decoder = self._decoder(req, params, tools)
-            session, begin = await self._hold(stack, req, owner, prompt, ticket, params.max_tokens)  # 5.–6.
+            granted = service.room.headroom(params.max_tokens)
+            session, begin = await self._hold(stack, req, owner, prompt, ticket, granted)  # 5.–6.
         except BaseException:
             await stack.aclose()
             raise
         return PreparedTurn(service, owner, session, begin, params, decoder, stack, len(prompt.tokens),
-                            capped_to=capped, clock=clock)  # fmt: skip
+                            capped_to=capped, clock=clock, ticket=ticket, granted=granted)  # fmt: skip
 
     async def count_tokens(self, req: ChatCompletionRequest, owner: str | None) -> int:
         """The length of ``req``'s prompt (one render, no turn)."""
@@ -359,13 +400,14 @@ class ChatPipeline:
         owner: str | None,
         prompt: Prompt,
         ticket: Ticket,
-        max_tokens: int,
+        completion: int,
     ) -> tuple[Session | None, Start]:
-        """Steps 5–6: choose and hold the session, reserve the KV; the session, and step 7 (splice and
-        prefill) to run later. What to undo goes on ``stack``."""
+        """Steps 5–6: choose and hold the session, reserve the KV (the prompt and ``completion``
+        tokens); the session, and step 7 (splice and prefill) to run later. What to undo goes on
+        ``stack``."""
         service, ext = self.service, req.leyline
         choice = choose_session(service, ext, owner, prompt)  # 5. choose the session
-        await service.room.reserve(ticket, len(prompt.tokens) + max_tokens, keep=choice.keep)  # 6. reserve
+        await service.room.reserve(ticket, len(prompt.tokens) + completion, keep=choice.keep)  # 6. reserve
         if choice.plain:
 
             async def plain(progress: PrefillProgress) -> ChatTurn:

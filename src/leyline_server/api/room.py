@@ -7,6 +7,17 @@ recently used item first; :meth:`Room.shed`). :meth:`Room.reserve` takes a reser
 so an admitted request never finds the pool taken by idle cache mid-decode (an engine that parks
 idle sequences out of the pool, llama.cpp, makes that room itself). :meth:`Room.retry` is the one
 "make room and retry" loop for every allocation (a turn, a session, a block).
+
+**What a turn reserves** (:meth:`Room.headroom`). On an engine that retracts (the CPU engines),
+admission needs the prompt plus ``min(max_tokens, HEADROOM)`` completion tokens; the reservation
+then grows by ``HEADROOM`` whenever the tokens taken come within ``HEADROOM / 2`` of it
+(:meth:`Room.grow`, never waiting, so a stream is never paused by admission), up to
+``max_tokens``. The engine decodes at most ``RUN_AHEAD`` (16) tokens past those taken, so the
+reservation always covers what the turn holds. When the growth of running turns takes the pool
+short, the engine retracts a stream (:mod:`leyline_server.engines.retraction`). On SGLang, whose
+own admission wants room for the whole generation, a turn reserves prompt + ``max_tokens``.
+Whenever a turn's reservation grows or ends, idle cache that no longer fits beside the
+reservations is shed (:meth:`Room.fit`).
 """
 
 from __future__ import annotations
@@ -23,9 +34,10 @@ from leyline_server.engines.base import Engine
 from leyline_server.engines.values import CapacityError
 from leyline_server.sessions import Session, SessionStore
 
-__all__ = ["Room"]
+__all__ = ["Room", "HEADROOM"]
 
 T = TypeVar("T")
+HEADROOM = 256  # completion tokens a turn reserves ahead of those taken (module docstring)
 
 
 class Room:
@@ -69,10 +81,24 @@ class Room:
             items.sort(key=lambda item: item[0])
         return out
 
+    def headroom(self, max_tokens: int) -> int:
+        """The completion tokens a turn reserves to start (module docstring)."""
+        return min(max_tokens, HEADROOM) if self.engine.info.retracts else max_tokens
+
     async def reserve(self, ticket: Ticket, tokens: int, keep: Session | None = None) -> None:
         """Reserve ``tokens`` of KV for the request, then make sure they are there (idle sessions
         shed, never ``keep``: the session the request continues)."""
         await self.admission.reserve(ticket, tokens)
+        self.fit(keep)
+
+    def grow(self, ticket: Ticket, tokens: int, keep: Session | None = None) -> None:
+        """Reserve ``tokens`` more for a turn that is generating (never waits), then make room."""
+        self.admission.grow(ticket, tokens)
+        self.fit(keep)
+
+    def fit(self, keep: Session | None = None) -> None:
+        """Shed idle cache (never ``keep``) until it fits the pool beside every reservation (an
+        engine that parks idle sequences out of the pool makes that room itself)."""
         info = self.engine.info
         if info.parks_idle:
             return

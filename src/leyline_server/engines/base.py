@@ -151,7 +151,20 @@ class SyncCore(SpliceBackend[StageT], Protocol[StageT]):
 
     def finish_decode(self, job: DecodeJob, delivered: int) -> None:
         """Keep the first ``delivered`` generated tokens on ``job.handle`` (KV for all but one
-        not computed yet); drop the KV of any generated after them."""
+        not computed yet); drop the KV of any generated after them. A retracted job's handle
+        keeps what is still cached of them (``handle.cached`` may then be shorter)."""
+        ...
+
+    def retract_decode(self, job: DecodeJob) -> None:
+        """Give back the pool room a running job holds (between steps, ``pending`` set): its KV
+        becomes cache the pool may reclaim, or is parked out of the pool; its generated tokens,
+        sampler and processors stay with it (``job.retracted``)."""
+        ...
+
+    def resume_decode(self, job: DecodeJob, prefilled: Prefilled) -> None:
+        """Bind a retracted job to ``prefilled``, the finished prefill of its
+        :func:`~leyline_server.engines.jobs.context` (started with ``previous=job.handle``): it
+        decodes on from ``pending``."""
         ...
 
     def decode(

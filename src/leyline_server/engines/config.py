@@ -11,11 +11,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from leyline_server.engines.kv_budget import Budget, available_bytes, machine_budget
+
 __all__ = [
     "CANARY_TOLERANCES",
     "DEFAULT_ROTATION_BUDGET",
     "DTYPES",
     "ENGINES",
+    "KV_CACHE_DTYPES",
     "EngineConfig",
     "canary_tolerance",
     "context_window",
@@ -23,6 +26,7 @@ __all__ = [
 
 ENGINES = ("embedded", "sglang", "llamacpp")
 DTYPES = ("float32", "bfloat16", "float16")
+KV_CACHE_DTYPES = ("auto", *DTYPES)  # auto: llama.cpp's own default (float16); the weights' dtype elsewhere
 DEFAULT_ROTATION_BUDGET = 64  # rotations one slot's key may take before a splice touching it is refused
 # The layer-0 canary's largest relative key error, by the math that computes the reference keys and
 # the KV dtype: torch (embedded, SGLang: the model's own layer-0 projection) and ggml (llama.cpp:
@@ -48,9 +52,14 @@ class EngineConfig:
 
     * ``engine``: ``embedded``, ``llamacpp`` or ``sglang``; ``model``: a preset, a ``.gguf`` file
       or a checkpoint folder (``--model-path``); ``served_name``: the first ``--served-model-name``.
-    * ``dtype``: weights and KV (embedded), the KV cache (llama.cpp), passed to SGLang when given.
+    * ``dtype``: the weights (embedded; a GGUF's weights are the file's), passed to SGLang when given.
+    * ``kv_cache_dtype``: the KV cache (``--kv-cache-dtype``, as vLLM and SGLang name it): ``auto``
+      is float16 on llama.cpp (llama.cpp's own default) and the weights' dtype on the embedded
+      engine, which cannot keep its KV in another (:attr:`kv_dtype`).
     * ``preset_layers``: decoder layers of a tiny preset model.
-    * ``kv_budget_mb``: the KV pool (``--kv-budget-mb``, or ``--mem-fraction-static`` resolved).
+    * ``kv_budget_mb``: the KV pool (``--kv-budget-mb``, or ``--mem-fraction-static`` resolved,
+      ``kv_budget_from`` says which); ``None``: sized from the machine (:meth:`kv_budget`,
+      :mod:`leyline_server.engines.kv_budget`).
     * ``context_length``: the longest prompt + completion asked for (``--context-length``); an
       engine whose pool or model cannot hold it refuses to start (:func:`context_window`).
       ``None``: the model's, capped by the pool.
@@ -69,8 +78,10 @@ class EngineConfig:
     model: str = "tiny-mla"
     served_name: str | None = None
     dtype: str = "float32"
+    kv_cache_dtype: str = "auto"
     preset_layers: int = 2
-    kv_budget_mb: float = 256.0
+    kv_budget_mb: float | None = None
+    kv_budget_from: str = "--kv-budget-mb"
     context_length: int | None = None
     prefix_cache: bool = True
     swap_space_gb: float = 4.0
@@ -85,8 +96,16 @@ class EngineConfig:
             raise ValueError(f"unknown engine {self.engine!r}; engines: {', '.join(ENGINES)}")
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
-        if not self.kv_budget_mb > 0:
+        if self.kv_budget_mb is not None and not self.kv_budget_mb > 0:
             raise ValueError(f"--kv-budget-mb must be positive, not {self.kv_budget_mb}")
+        if self.engine != "sglang" and self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            choices = ", ".join(KV_CACHE_DTYPES)
+            raise ValueError(f"--kv-cache-dtype must be one of {choices}, not {self.kv_cache_dtype!r}")
+        if self.engine == "embedded" and self.kv_cache_dtype not in ("auto", self.dtype):
+            raise ValueError(
+                f"--kv-cache-dtype {self.kv_cache_dtype}: the embedded engine keeps its KV in the weights' "
+                f"dtype (--dtype {self.dtype}); use --dtype {self.kv_cache_dtype}"
+            )
         if self.swap_space_gb < 0:
             raise ValueError("--swap-space must be 0 or more (GiB)")
         if self.preset_layers < 1:
@@ -105,6 +124,22 @@ class EngineConfig:
     def scheduling(self) -> dict[str, int]:
         """The scheduler's settings (keyword arguments of the threaded engines)."""
         return {"chunk_size": self.chunked_prefill_size, "max_running": self.max_running_requests}
+
+    @property
+    def kv_dtype(self) -> str:
+        """The KV cache's dtype: ``--kv-cache-dtype``, with ``auto`` resolved for the engine."""
+        if self.kv_cache_dtype != "auto":
+            return self.kv_cache_dtype
+        return "float16" if self.engine == "llamacpp" else self.dtype
+
+    def kv_budget(self, positions: int, bytes_per_token: int, granule: int = 1) -> Budget:
+        """The KV pool: ``kv_budget_mb`` when given, else sized from the machine for the served
+        context (``context_length``, else the model's ``positions``) at ``bytes_per_token``."""
+        if self.kv_budget_mb is not None:
+            return Budget(self.kv_budget_mb, self.kv_budget_from)
+        asked = self.context_length is not None
+        served = self.context_length or positions
+        return machine_budget(served, bytes_per_token, available_bytes(), asked, granule)
 
     @property
     def name(self) -> str:

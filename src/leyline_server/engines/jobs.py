@@ -14,6 +14,13 @@ A decode job's life: ``start_decode`` → ``sample`` (the next token from the cu
 becomes ``pending`` unless it ended the stream) → ``forward`` (``pending``'s KV computed, new
 logits) → ``sample`` → … → ``finish_decode(delivered)`` (the first ``delivered`` generated tokens
 kept on the handle, the KV of any decoded after them dropped).
+
+When the pool runs short a running decode job may be *retracted* between steps
+(``retract_decode``: its KV given back to the pool as cache, or parked in host memory; what it
+generated, its sampler and its processors stay with the job) and *resumed* later: a prefill job
+of :func:`context` brings its KV back (matched from what is still cached or parked, the rest
+recomputed) and ``resume_decode`` binds the job to it, ``pending`` still next. A retracted job
+can be finished like any other (the handle keeps what is still cached of its tokens).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from typing_extensions import Self
 from leyline_server.engines.logits import Processors
 from leyline_server.engines.values import CacheScope, Handle, Logits, SamplingParams
 
-__all__ = ["PrefillJob", "DecodeJob", "Chunk", "StepFailures", "chunk_tokens"]
+__all__ = ["PrefillJob", "DecodeJob", "Chunk", "StepFailures", "chunk_tokens", "context"]
 
 
 @dataclass(eq=False)
@@ -66,6 +73,7 @@ class DecodeJob:
     pending: int | None = None  # sampled, KV not computed yet (the next forward computes it)
     finished: bool = False
     logits: Logits = None  # the row the next ``sample`` reads (engine-specific form)
+    retracted: bool = False  # its KV was given back to the pool (``retract_decode``); not decoding
 
     @classmethod
     def of(cls, job: DecodeJob) -> Self:
@@ -94,3 +102,10 @@ StepFailures = dict[object, BaseException]
 def chunk_tokens(job: PrefillJob, n: int) -> Sequence[int]:
     """The next ``n`` tokens of ``job`` (those a chunk of ``n`` computes)."""
     return job.tokens[job.done : job.done + n]
+
+
+def context(job: DecodeJob) -> list[int]:
+    """The tokens whose KV a running (or retracted) decode job holds: its handle's, then every
+    generated token but ``pending`` (sampled, KV not computed yet)."""
+    with_kv = len(job.generated) - (1 if job.pending is not None else 0)
+    return list(job.handle.tokens) + job.generated[:with_kv]

@@ -31,6 +31,13 @@ Closing a stream (finished, client gone, cancelled) is an atomic job: the core k
 the consumer received and drops the KV of any decoded ahead. A prefill whose requester has gone
 is aborted before its next chunk (or its result released, if it had finished).
 
+**Room.** The pool's room goes to the running streams' next tokens first. When a step's decodes
+find none, a running stream is *retracted* (:mod:`.retraction`: its KV given back, resumed
+later, served before new prefills, answering the same tokens); a prefill chunk that finds no room
+retracts a stream that sits out for its reader, else tries again while streams decode (their room
+comes back as they end or are retracted), and fails as before (the service sheds idle cache and
+retries it) when none does.
+
 Everything the core touches runs on this thread; the event loop only queues work and reads
 results (``loop.call_soon_threadsafe``).
 """
@@ -46,8 +53,9 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from leyline_server.engines.jobs import Chunk, DecodeJob
-from leyline_server.engines.scheduling import PrefillRequest, Stream, pick_chunks, pick_decodes
-from leyline_server.engines.values import GenerationStep
+from leyline_server.engines.retraction import Retractions, victim
+from leyline_server.engines.scheduling import Planned, PrefillRequest, Stream, pick_chunks, pick_decodes
+from leyline_server.engines.values import CapacityError, GenerationStep
 
 __all__ = ["Scheduler", "RUN_AHEAD", "CHUNK_SIZE", "MAX_RUNNING", "MIN_CHUNK", "END"]
 
@@ -83,6 +91,7 @@ class Scheduler:
         self._prefills: dict[str | None, deque[PrefillRequest]] = {}
         self._streams: list[Stream] = []
         self._served: dict[str | None, int] = {}  # key -> the step its prefill was last served in
+        self.retractions = Retractions(core)
         self.steps = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -159,13 +168,17 @@ class Scheduler:
         while True:
             with self._cv:
                 while not (self._stopping or self._jobs or self._new_prefills or self._new_streams or self._ready()):
-                    self._cv.wait()
+                    patience = self.retractions.patience(bool(self._streams))
+                    if not self._cv.wait(patience) and patience is not None:
+                        self.retractions.try_again()  # a retracted stream waits for room, nothing runs
                 jobs, self._jobs = self._jobs, []
                 prefills, self._new_prefills = self._new_prefills, []
                 streams, self._new_streams = self._new_streams, []
                 stopping = self._stopping
             for job in jobs:
                 _guarded(job)
+            if jobs:  # (releases among them: room may have come back)
+                self._came_back()
             if stopping:
                 _guarded(self._fail_all, prefills, streams)
                 return
@@ -174,13 +187,21 @@ class Scheduler:
             for stream in streams:
                 _guarded(self._admit_stream, stream)
             _guarded(self._splice_slices)
+            _guarded(self.retractions.start)
             _guarded(self._step)
 
     def _ready(self) -> bool:
         """Whether a step has something to do (called with the lock held)."""
-        if any(r.cancelled or r.job is not None or r.splicing for q in self._prefills.values() for r in q):
-            return True
-        return any(s.runnable(self.ahead) for s in self._streams)
+        for r in (r for q in self._prefills.values() for r in q):
+            if r.cancelled or r.splicing or (r.job is not None and not r.blocked):
+                return True
+        return self.retractions.ready() or any(s.runnable(self.ahead) for s in self._streams)
+
+    def _came_back(self) -> None:
+        """Room came back to the pool: blocked prefills and the resume may try again."""
+        for request in (r for q in self._prefills.values() for r in q):
+            request.blocked = False
+        self.retractions.came_back()
 
     def _admit_prefill(self, request: PrefillRequest) -> None:
         if request.cancelled:
@@ -232,37 +253,103 @@ class Scheduler:
     def _finish_stream(self, stream: Stream, delivered: int) -> None:
         if stream in self._streams:
             self._streams.remove(stream)
+        self.retractions.drop(stream)
         if stream.job is not None:
             self.core.finish_decode(stream.job, delivered)
+        self._came_back()
 
     def _step(self) -> None:
         """One forward: the running streams' next tokens and the chunks chosen (module docstring)."""
         self._drop_cancelled()
         decodes = pick_decodes(self._streams, self.ahead, self.max_running, self.steps)
         budget = max(self.chunk_size - len(decodes), MIN_CHUNK)
-        chunks = pick_chunks(self._prefills, self._served, budget)
-        if not decodes and not chunks:
+        resume = self.retractions.resume  # a retracted stream's context goes before new prefills
+        mine = min(resume.job.left, budget) if resume is not None and not resume.blocked else 0
+        chunks = pick_chunks(self._prefills, self._served, budget - mine) if budget > mine else []
+        if not decodes and not chunks and not mine:
             return
         self.steps += 1
         for chunk in chunks:
             self._served[chunk.request.key] = self.steps
+        work = [Chunk(c.request.job, c.tokens) for c in chunks if c.request.job is not None]
+        if resume is not None and mine:
+            work.insert(0, Chunk(resume.job, mine))
         try:
-            work = [Chunk(c.request.job, c.tokens) for c in chunks if c.request.job is not None]
             failures = self.core.forward(work, [s.job for s in decodes])
         except BaseException as exc:  # noqa: BLE001 - a failed forward fails everyone in it
-            failures = {c.request.job: exc for c in chunks} | {s.job: exc for s in decodes}
+            failures = {c.job: exc for c in work} | {s.job: exc for s in decodes}
+        if resume is not None and mine:
+            self._after_resume(failures.get(resume.job))
+        self._after_decodes(decodes, failures)
+        self._after_chunks(chunks, failures)
+
+    def _after_decodes(self, decodes: list[Stream], failures: dict[object, BaseException]) -> None:
+        """Sample the streams that stepped; a stream without room makes one retraction."""
+        short = []
         for stream in decodes:
-            if stream.job in failures:
+            failure = failures.get(stream.job)
+            if isinstance(failure, CapacityError):
+                short.append(stream)
+            elif failure is not None:
                 stream.failed = True
-                stream.deliver(failures[stream.job])
+                stream.deliver(failure)
             else:
                 self._sample(stream)
+        if short:
+            self._make_room(short)
+
+    def _make_room(self, short: list[Stream]) -> None:
+        """Retract one running stream (:func:`~.retraction.victim`); the last one only for prefill
+        work in progress that holds room, else the streams without room fail (503 ``capacity``)."""
+        running = self._holding()
+        held = any(r.job is not None and r.job.done > r.job.reused for q in self._prefills.values() for r in q)
+        if len(running) > 1 or (running and (held or self.retractions.resume is not None)):
+            self._retract(victim(running, self.ahead))
+            return
+        for stream in short:
+            stream.failed = True
+            stream.deliver(CapacityError(f"the KV pool ({self.core.info.kv_capacity_tokens} tokens) is full"))
+
+    def _after_resume(self, failure: BaseException | None) -> None:
+        """The resumed stream decodes again; a resume without room retracts a stream that sits out
+        for its reader, else tries again while streams decode, or waits for room to come back."""
+        holding = self._holding()
+        back = self.retractions.advanced(failure, retry=bool(holding))
+        if back is not None:
+            self._streams.append(back)
+        elif isinstance(failure, CapacityError) and (paused := [s for s in holding if not s.runnable(self.ahead)]):
+            self._retract(victim(paused, self.ahead))
+
+    def _holding(self) -> list[Stream]:
+        """The streams holding KV that a retraction could give back (sampled, not ended)."""
+        return [s for s in self._streams if s.job is not None and s.job.pending is not None and not s.failed]
+
+    def _retract(self, stream: Stream) -> None:
+        self._streams.remove(stream)
+        self.retractions.retract(stream)
+        self._came_back()
+        self.retractions.freed = False  # (room a retraction frees is not for resuming)
+
+    def _after_chunks(self, chunks: list[Planned], failures: dict[object, BaseException]) -> None:
+        """Finish the prefills whose last chunk ran. One without room retracts a stream that sits
+        out for its reader, if there is one; else it tries again while streams decode, waits for
+        ended streams to close, and fails when there are none."""
+        holding = self._holding()
+        paused = [s for s in holding if not s.runnable(self.ahead)]
         for chunk in chunks:
             request = chunk.request
             request.note()
-            if request.job in failures:
+            failure = failures.get(request.job)
+            if isinstance(failure, CapacityError) and paused:
+                self._retract(victim(paused, self.ahead))  # (the prefill tries again next step)
+                paused = [s for s in paused if s.job is not None and not s.job.retracted]
+            elif isinstance(failure, CapacityError) and holding:
+                pass  # the streams decode (each step), then end or pause: it tries again next step
+            elif isinstance(failure, CapacityError) and self._streams:
+                request.blocked = True  # ended streams not closed yet: until their close
+            elif failure is not None:
                 self._remove(request)
-                request.fail(self.core, failures[request.job])
+                request.fail(self.core, failure)
             elif request.job is not None and not request.job.left:
                 self._remove(request)
                 request.finish(self.core)
@@ -278,13 +365,17 @@ class Scheduler:
         for request in [r for q in self._prefills.values() for r in q if r.cancelled]:
             self._remove(request)
             request.drop(self.core)
+            self._came_back()
 
     def _fail_all(self, prefills: list[PrefillRequest], streams: list[Stream]) -> None:
         gone = RuntimeError("the engine has shut down")
         for request in [*prefills, *(r for q in self._prefills.values() for r in q)]:
             request.fail(self.core, gone)
         self._prefills.clear()
-        for stream in [*streams, *self._streams]:
+        retracted = self.retractions.all()
+        for stream in retracted:
+            self.retractions.drop(stream)
+        for stream in [*streams, *self._streams, *retracted]:
             stream.deliver(gone)
             if stream.job is not None:
                 self.core.finish_decode(stream.job, stream.taken)

@@ -51,6 +51,7 @@ class PrefillRequest:
     splicing: Generator[None, None, tuple[Handle | None, SpliceReport | None]] | None = None
     cancelled: bool = False  # the requester has gone (set from the event loop)
     progress: PrefillProgress | None = None  # the requester's view of how far the job has come
+    blocked: bool = False  # its last chunk found no room: it waits for room to come back (engine thread)
     marks: list[float] = field(default_factory=lambda: [time.perf_counter()])  # queued, started, prepared, done
 
     def start(self, core: Any) -> bool:
@@ -157,7 +158,7 @@ class Stream:
     def runnable(self, ahead: int) -> bool:
         """Whether the stream's next token can go into a step now."""
         job = self.job
-        if job is None or self.closed or self.failed or job.finished or job.pending is None:
+        if job is None or self.closed or self.failed or job.finished or job.pending is None or job.retracted:
             return False
         return self.generated - self.taken < ahead
 
@@ -197,9 +198,10 @@ def pick_chunks(
 ) -> list[Planned]:
     """The prefill chunks of one step: the key served longest ago gets up to ``budget`` tokens of its
     oldest prefill; every other prefill joins only whole, while the budget lasts (each key's oldest
-    first, keys in the same order, then the keys' later ones)."""
-    keys = sorted((k for k, q in queues.items() if any(r.job is not None for r in q)), key=lambda k: served.get(k, -1))
-    ready = {k: [r for r in queues[k] if r.job is not None] for k in keys}
+    first, keys in the same order, then the keys' later ones). Blocked prefills (no room) wait."""
+    keys = [k for k, q in queues.items() if any(r.job is not None and not r.blocked for r in q)]
+    keys.sort(key=lambda k: served.get(k, -1))
+    ready = {k: [r for r in queues[k] if r.job is not None and not r.blocked] for k in keys}
     order = [ready[k][0] for k in keys] + [r for k in keys for r in ready[k][1:]]
     out: list[Planned] = []
     for request in order:

@@ -100,6 +100,11 @@ class ThreadedEngine(Generic[StageT]):
         return Processors(items) if items else None
 
     @property
+    def retractions(self) -> int:
+        """Streams retracted since start (``leyline_retractions`` in ``/metrics``)."""
+        return self.scheduler.retractions.total
+
+    @property
     def info(self) -> ModelInfo:
         """The served model."""
         return self.core.info

@@ -69,6 +69,7 @@ class ModelInfo:
     unshiftable_reason: str | None = None
     engine: str = "embedded"
     parks_idle: bool = False  # idle pinned sequences leave the pool when it runs short (llama.cpp's parking)
+    retracts: bool = False  # a stream is retracted when the pool runs short (KV reserved as it is used)
 
 
 @dataclass

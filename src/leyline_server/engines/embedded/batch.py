@@ -5,6 +5,12 @@ prefill job holds its locked cache hit plus the slots of the chunks computed so 
 allocated, in no radix node, so no eviction can take them); a decode job holds its handle's
 locked path plus one in-flight slot per generated token whose KV exists. Finishing inserts them
 into the radix tree (:meth:`EmbeddedEngine._commit`); aborting frees them.
+
+Retracting a decode job commits its sequence (the handle's tokens and the generated tokens with
+KV) into the tree and unlocks it: ordinary cache, evicted least recently used first when the pool
+needs room, as SGLang's retraction gives a request's KV back to its radix cache. Its resume is a
+prefill of the same tokens, which reuses what was not evicted; the job's handle is bound to the
+result in place (``kept``: the generated tokens whose slots the tree already owns).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from leyline_server.engines.values import (
 )
 
 __all__ = ["Pinned", "SlotEngine", "SlotPrefill", "SlotDecode", "start_prefill", "forward", "finish_prefill"]
-__all__ += ["abort_prefill", "start_decode", "sample", "finish_decode"]
+__all__ += ["abort_prefill", "start_decode", "sample", "finish_decode", "retract_decode", "resume_decode"]
 
 
 @dataclass
@@ -79,12 +85,15 @@ class SlotPrefill(PrefillJob):
 
 @dataclass(eq=False)
 class SlotDecode(DecodeJob):
-    """A decode job's sampler, stop tokens, and the slots of its context and generated tokens."""
+    """A decode job's sampler, stop tokens, and the slots of its context and generated tokens:
+    ``slots`` holds the handle's then the generated tokens' with KV, the first ``kept`` of those
+    owned by the tree (after a resume), the rest in flight (``fresh``, one tensor a token)."""
 
     sampler: Sampler | None = None
     stops: set[int] = field(default_factory=set)
     slots: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
     fresh: list[torch.Tensor] = field(default_factory=list)
+    kept: int = 0
 
 
 def start_prefill(engine: SlotEngine, tokens: Sequence[int], scope: CacheScope, previous: Handle | None) -> SlotPrefill:
@@ -209,17 +218,58 @@ def sample(engine: SlotEngine, decode: DecodeJob) -> GenerationStep:
 
 
 def finish_decode(engine: SlotEngine, decode: DecodeJob, delivered: int) -> None:
-    """Commit the first ``delivered`` generated tokens to the handle (in place); free the rest's KV."""
+    """Commit the first ``delivered`` generated tokens to the handle (in place); free the rest's KV.
+
+    A retracted job holds no slots: its handle becomes its tokens locked as far as they are still
+    cached (the tree may have evicted the tail).
+    """
     job = SlotDecode.of(decode)
     pinned: Pinned = job.handle  # type: ignore[assignment]
     n = min(max(delivered, 0), len(job.generated))
-    for extra in job.fresh[n:]:
+    for extra in job.fresh[max(0, n - job.kept) :]:
         engine.free(extra)
-    kept = job.fresh[:n]
     job.fresh = []
     tokens = pinned.tokens + job.generated[:n]
-    slots = torch.cat([pinned.slots, *kept]) if kept else pinned.slots
-    exact = _exact_after(pinned.exact, pinned.cached, len(slots))
-    new = engine._commit(tokens, slots, pinned.scope, exact, previous=pinned)
+    if job.retracted:
+        new = engine.match(tokens, pinned.scope)
+    else:
+        with_kv = len(job.slots) - len(pinned.tokens)
+        slots = job.slots[: len(pinned.tokens) + min(n, with_kv)]
+        exact = _exact_after(pinned.exact, pinned.cached, len(slots))
+        new = engine._commit(tokens, slots, pinned.scope, exact, previous=pinned)
+    _bind(pinned, new)
+    job.slots, job.kept = new.slots, 0
+
+
+def _bind(pinned: Pinned, new: Pinned) -> None:
+    """``pinned`` becomes ``new`` in place (the turn's handle object is the session's)."""
     pinned.tokens, pinned.cached, pinned.exact = new.tokens, new.cached, new.exact
     pinned.slots, pinned.node = new.slots, new.node
+
+
+def retract_decode(engine: SlotEngine, decode: DecodeJob) -> None:
+    """Give the job's slots back: its sequence committed to the tree, unlocked (evictable cache)."""
+    job = SlotDecode.of(decode)
+    pinned: Pinned = job.handle  # type: ignore[assignment]
+    if job.retracted or job.pending is None:
+        raise ValueError("retract_decode() needs a running job whose last token was sampled")
+    tokens = pinned.tokens + job.generated[: len(job.slots) - len(pinned.tokens)]
+    exact = _exact_after(pinned.exact, pinned.cached, len(job.slots))
+    cached = engine._commit(tokens, job.slots, pinned.scope, exact, previous=pinned)
+    engine.release(cached)
+    pinned.node, pinned.slots, pinned.cached, pinned.exact = None, cached.slots[:0], 0, 0  # holds nothing
+    job.slots, job.fresh, job.kept, job.retracted = pinned.slots, [], 0, True
+
+
+def resume_decode(engine: SlotEngine, decode: DecodeJob, prefilled: Prefilled) -> None:
+    """Bind a retracted job to the prefill of its context: the handle holds its prompt's slots
+    (locked through the context's node), the generated tokens' slots are the tree's."""
+    job = SlotDecode.of(decode)
+    pinned: Pinned = job.handle  # type: ignore[assignment]
+    context = Pinned.of(prefilled.handle)
+    prompt = len(pinned.tokens)
+    if not job.retracted or context.tokens[:prompt] != pinned.tokens or context.cached != len(context.tokens):
+        raise ValueError("resume_decode() needs a retracted job and its context, prefilled")
+    pinned.slots, pinned.node = context.slots[:prompt], context.node
+    pinned.cached, pinned.exact = prompt, min(context.exact, prompt)
+    job.slots, job.fresh, job.kept, job.retracted = context.slots, [], len(context.tokens) - prompt, False

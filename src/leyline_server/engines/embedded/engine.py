@@ -106,6 +106,7 @@ class EmbeddedEngine:
             shiftable=spec.shiftable,
             unshiftable_reason=spec.reason,
             engine="embedded",
+            retracts=True,
         )
 
     @property
@@ -237,6 +238,14 @@ class EmbeddedEngine:
     def finish_decode(self, job: DecodeJob, delivered: int) -> None:
         """See :class:`~leyline_server.engines.base.SyncCore`."""
         batch.finish_decode(self, job, delivered)
+
+    def retract_decode(self, job: DecodeJob) -> None:
+        """See :class:`~leyline_server.engines.base.SyncCore` (its KV becomes evictable cache)."""
+        batch.retract_decode(self, job)
+
+    def resume_decode(self, job: DecodeJob, prefilled: Prefilled) -> None:
+        """See :class:`~leyline_server.engines.base.SyncCore`."""
+        batch.resume_decode(self, job, prefilled)
 
     # -- splice stages (SpliceBackend) ------------------------------------------------------------
     def rotation_counts(self, handle: Handle, positions: Sequence[int]) -> list[int] | None:

@@ -16,6 +16,7 @@ from leyline_server.engines.config import EngineConfig
 from leyline_server.engines.embedded.engine import EmbeddedEngine
 from leyline_server.engines.embedded.loading import check_servable, load_folder, load_gguf, resolve_model_path
 from leyline_server.engines.embedded.pool import SlotPool, layout_from_config
+from leyline_server.engines.kv_budget import log_pool
 from leyline_server.rope import rope_spec_from_config
 from leyline_server.tiny_models import PRESETS, build_model, preset_config
 
@@ -28,7 +29,8 @@ def load_engine(config: EngineConfig, seed: int = 0, **overrides: Any) -> tuple[
 
     Raises :class:`~leyline_server.engines.embedded.loading.ModelLoadError` (a ``ValueError``)
     with what to do when the model cannot be found or served, and ``ValueError`` naming
-    ``--kv-budget-mb`` when ``config.context_length`` does not fit the pool.
+    ``--kv-budget-mb`` when ``config.context_length`` does not fit the pool. Without a budget the
+    pool is sized from the machine for the served context (:meth:`EngineConfig.kv_budget`).
     """
     from leyline_sdk.render.tiny_tokenizer import load_tiny_tokenizer
 
@@ -41,7 +43,9 @@ def load_engine(config: EngineConfig, seed: int = 0, **overrides: Any) -> tuple[
         net, tokenizer = load_gguf(path, dtype) if path.suffix == ".gguf" else load_folder(path, dtype)
     check_servable(net.config)
     layout = layout_from_config(net.config)
-    pool = SlotPool.from_budget(layout, config.kv_budget_mb, dtype=dtype)
+    per_token = layout.bytes_per_slot(dtype)
+    budget = config.kv_budget(int(getattr(net.config, "max_position_embeddings", 0) or 32_768), per_token)
+    pool = SlotPool.from_budget(layout, budget.mb, dtype=dtype)
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     engine = EmbeddedEngine(
         net,
@@ -54,4 +58,5 @@ def load_engine(config: EngineConfig, seed: int = 0, **overrides: Any) -> tuple[
         rotation_budget=config.rotation_budget,
         canary_tolerance=config.canary_tolerance,
     )
+    log_pool(pool.capacity, per_token, budget.source)
     return engine, tokenizer

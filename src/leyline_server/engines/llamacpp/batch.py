@@ -19,6 +19,11 @@ A decode job's logits after a step stay in llama.cpp's output buffer (:class:`Ou
 next ``sample`` reads the row in place, with the job's own sampler chain (``llama_sampler_sample``
 at the row's batch index), and any ``llama_decode`` in between makes the row stale (an error, not
 a silent wrong token). Rows a later call of the same step would overwrite are copied.
+
+Retracting a decode job parks its entry (its cells serialised to host memory within
+``--swap-space``, the KV kept exactly; dropped when the budget cannot hold it) and ends its
+``busy``; its resume is a prefill of the same tokens with ``previous`` its handle, which restores
+the parked entry (or recomputes what was dropped), and the job decodes on in that entry.
 """
 
 from __future__ import annotations
@@ -33,9 +38,10 @@ from leyline_server.engines.jobs import Chunk, DecodeJob, PrefillJob, StepFailur
 from leyline_server.engines.llamacpp.cache import Entry, SequenceCache
 from leyline_server.engines.llamacpp.lib import LlamaContext, TokenSampler, logprobs
 from leyline_server.engines.logits import Processors
-from leyline_server.engines.values import CapacityError, GenerationStep, Handle, SamplingParams
+from leyline_server.engines.values import CapacityError, GenerationStep, Handle, Prefilled, SamplingParams
 
 __all__ = ["SeqPrefill", "SeqDecode", "OutputRow", "forward", "start_decode", "sample", "finish_decode"]
+__all__ += ["retract_decode", "resume_decode"]
 
 
 @dataclass(eq=False)
@@ -249,7 +255,9 @@ def sample(ctx: LlamaContext, decode: DecodeJob) -> GenerationStep:
 def finish_decode(cache: SequenceCache, decode: DecodeJob, delivered: int) -> None:
     """The handle becomes its tokens plus the first ``delivered`` generated ones; the sequence is
     trimmed to them (it never holds KV for a token the client did not receive; the last delivered
-    one may have none yet). Finishing twice changes nothing."""
+    one may have none yet). Finishing twice changes nothing. A retracted job's parked entry stays
+    parked when it holds nothing past them (else it is restored to be trimmed, or dropped when the
+    pool has no room for it)."""
     job = SeqDecode.of(decode)
     if job.sampler is None:
         return
@@ -258,6 +266,42 @@ def finish_decode(cache: SequenceCache, decode: DecodeJob, delivered: int) -> No
     handle, entry = job.handle, job.entry
     handle.tokens = list(handle.tokens) + job.generated[: max(0, delivered)]
     if entry is not None:
-        entry.busy -= 1
-        cache.trim(entry, len(handle.tokens))
+        if not job.retracted:
+            entry.busy -= 1
+        _trim(cache, entry, len(handle.tokens))
         handle.cached, handle.exact = entry.cached, entry.exact
+
+
+def _trim(cache: SequenceCache, entry: Entry, n: int) -> None:
+    """``cache.trim(entry, n)``; a parked entry that holds nothing past ``n`` stays parked, one that
+    cannot come back into the pool loses its KV instead (its handle then recomputes it)."""
+    if not entry.resident and n >= entry.cached:
+        return
+    try:
+        cache.trim(entry, n)
+    except CapacityError:
+        cache.trim(entry, 0)
+
+
+def retract_decode(cache: SequenceCache, decode: DecodeJob) -> None:
+    """Give the job's cells back to the pool: its entry parked in host memory (or its KV dropped)."""
+    job = SeqDecode.of(decode)
+    entry = job.entry
+    if job.retracted or job.pending is None or entry is None:
+        raise ValueError("retract_decode() needs a running job whose last token was sampled")
+    entry.busy -= 1
+    if not cache.park(entry):
+        cache.trim(entry, 0)  # past --swap-space: recomputed at the resume
+    job.retracted = True
+
+
+def resume_decode(decode: DecodeJob, prefilled: Prefilled) -> None:
+    """Bind a retracted job to the prefill of its context (the handle's entry, restored, or the
+    entry the prefill chose): ``busy`` again, ``pending`` next."""
+    job = SeqDecode.of(decode)
+    entry = prefilled.handle.entry  # type: ignore[attr-defined]
+    if not job.retracted or entry is None or entry.cached != len(prefilled.handle.tokens):
+        raise ValueError("resume_decode() needs a retracted job and its context, prefilled")
+    job.handle.entry = entry  # type: ignore[attr-defined]
+    job.entry, job.retracted = entry, False
+    entry.busy += 1

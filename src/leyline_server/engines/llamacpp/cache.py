@@ -167,6 +167,13 @@ class SequenceCache:
         self.drop(min(candidates, key=lambda e: e.used))
         return True
 
+    def evict_all(self) -> int:
+        """Drop every unpinned entry, resident or parked; how many went."""
+        dropped = 0
+        while self.evict_one():
+            dropped += 1
+        return dropped
+
     def make_room(self, protect: Collection[Entry] = ()) -> bool:
         """Free cells: evict an unpinned entry, else park an idle pinned one; ``False`` if neither can be done."""
         if self.evict_one(protect, cells=True):

@@ -23,7 +23,6 @@ owns it). It implements :class:`~leyline_server.engines.base.SpliceBackend`:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 
@@ -33,10 +32,11 @@ from leyline_sdk.core.directives import KeptRun
 from leyline_server.engines.config import DEFAULT_ROTATION_BUDGET, context_window
 from leyline_server.engines.config import canary_tolerance as canary_tolerance_of
 from leyline_server.engines.jobs import Chunk, DecodeJob, PrefillJob, StepFailures
+from leyline_server.engines.llamacpp import batch
 from leyline_server.engines.llamacpp.batch import SeqDecode, SeqPrefill, finish_decode, forward, sample, start_decode
 from leyline_server.engines.llamacpp.cache import Entry, SequenceCache
 from leyline_server.engines.llamacpp.canary import run_canary, verified_probe
-from leyline_server.engines.llamacpp.lib import ContextConfig, LlamaContext, LlamaModel
+from leyline_server.engines.llamacpp.lib import ContextConfig, LlamaContext, LlamaModel, default_threads
 from leyline_server.engines.llamacpp.parking import ParkingPolicy, focus
 from leyline_server.engines.llamacpp.shift import verified_shifter
 from leyline_server.engines.llamacpp.stage import Stage, land, move_block, prepare
@@ -76,12 +76,6 @@ def _own(entry: Entry, scope: CacheScope) -> bool:
     return scope.private is not None and entry.scope == scope
 
 
-def _threads() -> tuple[int, int]:
-    """(decode threads, prompt threads): one decode thread per two cores, every core for prompts."""
-    cores = os.cpu_count() or 2
-    return max(1, cores // 2), cores
-
-
 class LlamaCppEngine:
     """One GGUF model, one unified KV pool, its sequences as cache. Not thread-safe: use one thread.
 
@@ -112,7 +106,7 @@ class LlamaCppEngine:
         park_threshold: float = 0.05,
     ) -> None:
         context = context_window(max_context_tokens, model.n_ctx_train, n_ctx, model.cell_bytes(kv_type), granule=256)
-        n_threads, n_threads_batch = threads or _threads()
+        n_threads, n_threads_batch = threads or default_threads()
         config = ContextConfig(n_ctx, n_seq_max, 512, n_threads, n_threads_batch, kv_type, flash_attn)
         self.model = model
         self.ctx = LlamaContext(model, config)
@@ -141,6 +135,7 @@ class LlamaCppEngine:
             "M-RoPE, recurrent or sliding-window memory): its splices are served as forget",
             engine="llamacpp",
             parks_idle=park_budget > 0,
+            retracts=True,
         )
 
     @property
@@ -150,10 +145,7 @@ class LlamaCppEngine:
 
     def drop_idle(self) -> int:
         """Evict every unpinned entry, resident or parked; how many went (benchmarks start from a clean pool)."""
-        dropped = 0
-        while self.cache.evict_one():
-            dropped += 1
-        return dropped
+        return self.cache.evict_all()
 
     def close(self) -> None:
         """Free the contexts and the model."""
@@ -294,6 +286,14 @@ class LlamaCppEngine:
     def finish_decode(self, job: DecodeJob, delivered: int) -> None:
         """Commit the first ``delivered`` generated tokens to the handle, trimming the sequence to them."""
         finish_decode(self.cache, job, delivered)
+
+    def retract_decode(self, job: DecodeJob) -> None:
+        """Park the job's sequence out of the pool (see :func:`.batch.retract_decode`)."""
+        batch.retract_decode(self.cache, job)
+
+    def resume_decode(self, job: DecodeJob, prefilled: Prefilled) -> None:
+        """Decode on in the prefilled context (see :func:`.batch.resume_decode`)."""
+        batch.resume_decode(job, prefilled)
 
     # -- splice stages (SpliceBackend) ------------------------------------------------------------
     def rotation_counts(self, handle: Handle, positions: Sequence[int]) -> list[int] | None:

@@ -30,6 +30,7 @@ __all__ = [
     "LlamaContext",
     "LlamaModel",
     "TokenSampler",
+    "default_threads",
     "init_backend",
     "logprobs",
 ]
@@ -121,6 +122,12 @@ class LlamaModel:
         if self.ptr:
             L.llama_model_free(self.ptr)
             self.ptr = None
+
+
+def default_threads() -> tuple[int, int]:
+    """(decode threads, prompt threads): one decode thread per two cores, every core for prompts."""
+    cores = os.cpu_count() or 2
+    return max(1, cores // 2), cores
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from leyline_server.engines.config import EngineConfig
+from leyline_server.engines.kv_budget import log_pool
 from leyline_server.engines.llamacpp.engine import LlamaCppEngine
 from leyline_server.engines.llamacpp.lib import KV_TYPES, LlamaModel
 from leyline_server.engines.llamacpp.serving import AsyncLlamaCppEngine
@@ -64,9 +65,10 @@ def kv_cells(model: LlamaModel, kv_budget_mb: float, kv_type: str) -> int:
 def load_llamacpp(
     config: EngineConfig, threads: tuple[int, int] | None = None, flash_attn: bool | None = False
 ) -> tuple[AsyncLlamaCppEngine, Any]:
-    """(engine, tokenizer) for ``config.model``; ``config.dtype`` is the KV cache's (float16/bfloat16
-    halve the pool), ``config.swap_space_gb`` the host memory idle sequences are parked in (0:
-    never park).
+    """(engine, tokenizer) for ``config.model``; ``config.kv_dtype`` is the KV cache's (``auto``:
+    float16, llama.cpp's own default; float32 doubles the pool's bytes), ``config.kv_budget`` its
+    size (from the machine without ``--kv-budget-mb``), ``config.swap_space_gb`` the host memory
+    idle sequences are parked in (0: never park). The weights are the GGUF file's.
 
     ``threads``: (decode, prompt) threads (default: one per two cores, every core). Flash
     attention is off by default (``None`` lets llama.cpp decide, which turns it on for the
@@ -76,17 +78,20 @@ def load_llamacpp(
     """
     from transformers import AutoTokenizer
 
-    if config.dtype not in KV_TYPES:
-        raise ValueError(f"dtype must be one of {sorted(KV_TYPES)}")
+    kv_type = config.kv_dtype
+    if kv_type not in KV_TYPES:
+        raise ValueError(f"--kv-cache-dtype must be one of {sorted(KV_TYPES)}")
     path = resolve_gguf(config.model, config.preset_layers)
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     weights = LlamaModel(path)
     try:
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else None
+        per_cell = weights.cell_bytes(kv_type)
+        budget = config.kv_budget(weights.n_ctx_train, per_cell, granule=MIN_CELLS)
         core = LlamaCppEngine(
             weights,
-            n_ctx=kv_cells(weights, config.kv_budget_mb, config.dtype),
-            kv_type=config.dtype,
+            n_ctx=kv_cells(weights, budget.mb, kv_type),
+            kv_type=kv_type,
             flash_attn=flash_attn,
             threads=threads,
             eos_token_ids=eos,
@@ -100,4 +105,5 @@ def load_llamacpp(
     except BaseException:
         weights.close()
         raise
+    log_pool(core.ctx.n_ctx, per_cell, budget.source)
     return AsyncLlamaCppEngine(core, tokenizer, **config.scheduling), tokenizer
