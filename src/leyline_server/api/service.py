@@ -38,7 +38,15 @@ from leyline_server.api.room import Room
 from leyline_server.api.session_choice import splice_request
 from leyline_server.blocks import Block, BlockStore
 from leyline_server.engines.base import Engine
-from leyline_server.engines.values import CacheScope, CapacityError, Handle, PrefillProgress, SpliceRequest, Turn
+from leyline_server.engines.values import (
+    CacheScope,
+    CapacityError,
+    Handle,
+    PrefillProgress,
+    SpliceRequest,
+    Turn,
+    kept_on_cancel,
+)
 from leyline_server.sessions import Session, SessionStore
 from leyline_server.splice import SpliceError, SpliceReport, strict_status, validate
 from leyline_server.splice.report import Fallback, Refused
@@ -197,8 +205,8 @@ class LeylineService:
         """Splice the held session as :meth:`plan_turn` planned and prefill the prompt (one engine job).
 
         The session's old base stays pinned until the new one is built; a strict splice error is a
-        4xx (the session unchanged); any other failure (a cancelled prefill included) drops the
-        session.
+        4xx (the session unchanged); a prefill cancelled before its splice began keeps the session
+        on its old base (:func:`kept_on_cancel`); any other failure drops the session.
         """
         session, auto = plan.session, plan.prompt.auto
         handle, session.handle = session.handle, None
@@ -208,8 +216,10 @@ class LeylineService:
         except SpliceError as exc:
             session.handle = handle  # strict: nothing changed
             raise self._splice_error(exc, "leyline.directives") from exc
-        except BaseException:
-            self.sessions.drop(session)  # its handle was released by the engine
+        except BaseException as exc:
+            session.handle = kept_on_cancel(exc)  # a cancelled prefill gives back the untouched base
+            if session.handle is None:
+                self.sessions.drop(session)  # its handle was released by the engine
             raise
         session.handle = chat.turn.handle
         chat.fallback = plan.fallback or chat.fallback

@@ -53,12 +53,17 @@ class PrefillRequest:
     progress: PrefillProgress | None = None  # the requester's view of how far the job has come
     blocked: bool = False  # its last chunk found no room: it waits for room to come back (engine thread)
     marks: list[float] = field(default_factory=lambda: [time.perf_counter()])  # queued, started, prepared, done
+    # Set by a requester that wants ``previous`` back if the request is dropped before a splice
+    # touched it (a cancelled turn keeps its session's old base): resolved with it, or ``None``.
+    returned: asyncio.Future[Handle | None] | None = None
+    spliced: bool = False  # the splice began: ``previous`` is no longer the requester's old base
 
     def start(self, core: Any) -> bool:
         """Begin: the splice's first slice (if any); ``True`` once the prefill's chunks can begin."""
         self.marks.append(time.perf_counter())
         if self.prepare is not None:
             prepare, self.prepare = self.prepare, None
+            self.spliced = True
             self.splicing = prepare(self.previous)
         return self.advance(core)
 
@@ -105,6 +110,7 @@ class PrefillRequest:
         self.previous = None  # consumed
         self.marks.append(time.perf_counter())
         self.loop.call_soon_threadsafe(_resolve, self.future, (result, self.report), self.release)
+        self._give_back(None)
 
     def fail(self, core: Any, exc: BaseException) -> None:
         """Give back what the request holds and hand the error to the requester."""
@@ -120,9 +126,17 @@ class PrefillRequest:
         if self.job is not None:
             core.abort_prefill(self.job)
             self.job = None
-        if self.previous is not None:
-            core.release(self.previous)
-            self.previous = None
+        previous, self.previous = self.previous, None
+        if previous is not None and (self.returned is None or self.spliced):
+            core.release(previous)
+            previous = None
+        self._give_back(previous)
+
+    def _give_back(self, previous: Handle | None) -> None:
+        """Settle :attr:`returned` with the untouched old base (or ``None``): once, from any thread."""
+        if self.returned is not None:
+            returned, self.returned = self.returned, None
+            self.loop.call_soon_threadsafe(_hand_back, returned, previous, self.release)
 
 
 def _resolve(future: asyncio.Future[Any], value: tuple[Prefilled, Any], release: Callable[[Handle], None]) -> None:
@@ -130,6 +144,14 @@ def _resolve(future: asyncio.Future[Any], value: tuple[Prefilled, Any], release:
         release(value[0].handle)
         return
     future.set_result(value)
+
+
+def _hand_back(future: asyncio.Future[Any], handle: Handle | None, release: Callable[[Handle], None]) -> None:
+    if future.done():  # the requester stopped waiting: nobody else will release it
+        if handle is not None:
+            release(handle)
+        return
+    future.set_result(handle)
 
 
 def _reject(future: asyncio.Future[Any], exc: BaseException) -> None:

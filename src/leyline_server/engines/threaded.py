@@ -40,11 +40,13 @@ from leyline_server.engines.values import (
     SamplingParams,
     SpliceRequest,
     Turn,
+    set_kept,
 )
 from leyline_server.splice import SpliceReport, settle_forget, splice, splice_for_turn
 
 __all__ = ["ThreadedEngine", "RUN_AHEAD", "COMPILE_THREADS"]
 
+RETURN_WAIT_S = 60.0  # how long a cancelled turn waits for the engine thread to hand its old base back
 COMPILE_THREADS = 4  # grammars compiling at once (one per key: ``api.compiles``)
 
 
@@ -159,13 +161,21 @@ class ThreadedEngine(Generic[StageT]):
         future: asyncio.Future[Any] = loop.create_future()
         request = PrefillRequest(tokens, scope, previous, owner, loop, future, self.release, prepare)
         request.progress = progress
+        returned = request.returned = loop.create_future() if previous is not None else None
         self.scheduler.prefill(request)
         try:
             prefilled, report = await future
             return prefilled, report, request.timings()
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             request.cancelled = True  # aborted before its next chunk, or its result released
             self.scheduler.poke()
+            if returned is not None:  # the old base, if no splice touched it, goes back to its session
+                with anyio.CancelScope(shield=True):
+                    set_kept(exc, await _returned(returned))
+            raise
+        except BaseException:
+            if returned is not None and returned.done() and returned.result() is not None:
+                self.release(returned.result())  # (handed back before the error: see PrefillRequest.fail)
             raise
 
     def stream(self, turn: Turn, params: SamplingParams) -> AsyncGenerator[GenerationStep, None]:
@@ -214,3 +224,12 @@ class ThreadedEngine(Generic[StageT]):
         await asyncio.to_thread(self.scheduler.shutdown)
         self._compiles.shutdown(wait=False, cancel_futures=True)  # a compile in flight ends on its own
         self.core.close()
+
+
+async def _returned(returned: asyncio.Future[Handle | None]) -> Handle | None:
+    """The old base a dropped prefill hands back; ``None`` if it was consumed or the engine is gone
+    (the engine thread settles it at its next round: a minute is far past any chunk)."""
+    try:
+        return await asyncio.wait_for(returned, RETURN_WAIT_S)
+    except TimeoutError:  # (wait_for cancelled it: a late hand-back releases the handle)
+        return None

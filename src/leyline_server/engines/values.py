@@ -34,6 +34,8 @@ __all__ = [
     "TokenLogprob",
     "Turn",
     "Logits",
+    "kept_on_cancel",
+    "set_kept",
 ]
 
 # The last prompt position's logits, in the engine's own array type: a torch tensor (embedded), a
@@ -43,6 +45,23 @@ Logits = Any
 
 class CapacityError(RuntimeError):
     """The KV cache cannot hold the tokens, even after evicting everything unlocked."""
+
+
+_KEPT = "leyline_kept_handle"
+
+
+def set_kept(cancelled: BaseException, handle: Handle | None) -> None:
+    """Mark a turn's cancellation with the session handle the engine gave back untouched."""
+    setattr(cancelled, _KEPT, handle)
+
+
+def kept_on_cancel(exc: BaseException) -> Handle | None:
+    """The session handle a cancelled ``start_turn`` gave back untouched (``None``: it was released).
+
+    A prefill that is cancelled before any splice touched the session's old base hands that base
+    back on the :class:`asyncio.CancelledError` itself, so the session survives its client leaving.
+    """
+    return getattr(exc, _KEPT, None)
 
 
 class CacheScope(NamedTuple):
