@@ -168,7 +168,7 @@ def walk_after(backend, constraint, tokenizer, prefix: str, trials=30, steps=60,
 
 @pytest.mark.parametrize(
     "opening",
-    ['Sure.\n```json\n{\n  "name"', 'Ok ```\n{"name"', "Then <tool_call>", '```json\n{ "name"'],
+    ['Sure.\n```json\n{\n  "name"', 'Ok ```\n{"name"', "Then <tool_call>", '```json\n{ "name"', 'Run\n<tools>\n{"name"'],
 )
 def test_auto_lets_text_through_and_constrains_a_call_once_opened(backend, hf_tokenizer, opening):
     layout = CallLayout("\n", "\n", "\n")  # markers written as text (Qwen's are ordinary tokens)
@@ -179,7 +179,7 @@ def test_auto_lets_text_through_and_constrains_a_call_once_opened(backend, hf_to
         assert len(calls) == 1, text  # the call opened: it names an offered function, its arguments validate
         schema = {"fa": A, "fb": B}[calls[0]["function"]["name"]]
         jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), schema)
-        assert content.startswith(opening.split("```")[0].split("<tool_call>")[0])
+        assert content.startswith(opening.split("```")[0].split("<tool_call>")[0].split("<tools>")[0])
 
 
 def test_auto_leaves_ordinary_json_and_code_blocks_free(backend, hf_tokenizer):

@@ -29,6 +29,8 @@ def calls_of(text: str, names=NAMES) -> tuple[str, list[tuple[str, object]]]:
         '```tool_call\n{"name": "read_file", "parameters": {"path": "calc.py"}}\n```',
         '```json\n[{"name": "read_file", "arguments": {"path": "calc.py"}}]\n```',
         '  \n{"name": "read_file", "arguments": "{\\"path\\": \\"calc.py\\"}"}\n',
+        # Qwen2.5-Coder 1.5B through Codex: the template's tool-list tag around a call
+        '<tools>\n{"name": "read_file", "arguments": {"path": "calc.py"}}\n</tools>',
     ],
 )
 def test_each_form_is_one_call_and_leaves_no_framing(text):
@@ -63,6 +65,8 @@ def test_several_calls_in_several_forms_come_back_in_the_order_written():
         '```python\nprint({"name": "read_file", "arguments": {}})\n```',  # code that mentions a call
         '```json\n{"name": "read_file", "arguments": [1]}\n```',  # arguments that are not an object
         'The call would be {"name": "read_file", "arguments": {}} in a sentence.',  # not at the start
+        '<tools>\n{"name": "run", "arguments": {}}\n</tools>',  # a tool list echoed, or another tool
+        "<tools>read_file, get_weather</tools>",  # the tag around text
     ],
 )
 def test_what_is_not_a_call_to_an_offered_tool_stays_text(text):
@@ -83,6 +87,7 @@ def test_tagged_calls_count_whatever_their_name():
         ('```json\n{"na', 0),
         ('  {"name": "read_file", "arguments": {"pa', 2),
         ("Reading.\n```json\n", 9),
+        ('<tools>\n{"name": "read_file", "argu', 0),
     ],
 )
 def test_a_call_cut_by_the_length_limit_is_found(content, at):
@@ -97,6 +102,7 @@ def test_a_call_cut_by_the_length_limit_is_found(content, at):
         '{"name": "Ada", "age": 3',  # an unfinished JSON answer naming no tool
         '```json\n{"port": 80',
         "```\nA\n```",
+        "<tools>the list of tools",
     ],
 )
 def test_unfinished_text_that_is_no_call_is_kept(content):
@@ -119,6 +125,10 @@ def test_unfinished_text_that_is_no_call_is_kept(content):
         ('  {"na', 2),  # a bare call may be opening
         ('{"title": 1', 11),
         ("[1, 2", 5),
+        ("Run it.\n<tools>\n", 8),  # a wrapped call may be coming
+        ('Run it.\n<tools>\n{"na', 8),
+        ("Run it.\n<tools> are listed", 26),  # the tag around text: shown
+        ("Run it.\n<too", 8),  # may be the start of <tools> (or <tool_call>)
     ],
 )
 def test_the_hold_is_where_a_call_may_begin(text, hold):

@@ -7,13 +7,15 @@ the hold is safe to show; from the hold on, the stream waits, and the end of the
 (the call leaves the content, anything else is sent then).
 
 * ``<tool_call>`` — always held;
+* ``<tools>`` — held while what follows may open a call object (``{"name"``), shown otherwise;
 * a code fence (three backticks) — held until its info string and the first characters of its
   body are known: an info string outside ``json``/``tool_call``/``tool_code``/none, or a body that
   does not open with ``{"name"`` (or ``[{"name"``), makes it an ordinary code block, shown as it
   comes, and the scan resumes after its closing fence;
 * the answer's first non-blank character, when it is ``{`` or ``[`` — held while it may open a
   bare call object;
-* the last characters of the text, when they may be the start of ``<tool_call>`` or of a fence.
+* the last characters of the text, when they may be the start of ``<tool_call>``, ``<tools>`` or
+  of a fence.
 
 The scan keeps what it decided (a code block is code; a call is a call, for good) and re-reads
 only from its last undecided opening, so a push costs time in proportion to the new text.
@@ -24,7 +26,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from leyline_server.api.toolcalls import CALL_FENCES, TAG_OPEN, call_verdict
+from leyline_server.api.toolcalls import CALL_FENCES, TAG_OPEN, WRAP_OPEN, call_verdict
 
 __all__ = ["CallScan", "hold_of"]
 
@@ -41,8 +43,8 @@ class _State:
 
 
 def _partial_at(text: str, start: int) -> int | None:
-    """Where the text's end may begin ``<tool_call>`` or a fence (at or after ``start``), if it does."""
-    for marker in (TAG_OPEN, FENCE):
+    """Where the text's end may begin ``<tool_call>``, ``<tools>`` or a fence (at or after ``start``), if it does."""
+    for marker in (TAG_OPEN, WRAP_OPEN, FENCE):
         for k in range(min(len(marker) - 1, len(text) - start), 0, -1):
             if text.endswith(marker[:k]):
                 return len(text) - k
@@ -85,9 +87,17 @@ def _scan(text: str, state: _State) -> tuple[int | None, _State]:
             if verdict != "text":
                 return at, _State(at if verdict == "call" else pos, False, verdict == "open", verdict == "call")
             bare_ok = False
-        tag, fence = text.find(TAG_OPEN, pos), text.find(FENCE, pos)
-        if tag >= 0 and (fence < 0 or tag < fence):
+        tag, fence, wrap = text.find(TAG_OPEN, pos), text.find(FENCE, pos), text.find(WRAP_OPEN, pos)
+        if tag >= 0 and all(other < 0 or tag < other for other in (fence, wrap)):
             return tag, _State(tag, False, False, True)
+        if wrap >= 0 and (fence < 0 or wrap < fence):
+            body = text[wrap + len(WRAP_OPEN) :]
+            first = _NONBLANK.search(body)
+            verdict = call_verdict(body[first.start() : first.start() + 64]) if first else "open"
+            if verdict != "text":
+                return wrap, _State(wrap, False, False, verdict == "call")
+            pos = wrap + len(WRAP_OPEN)
+            continue
         if fence >= 0:
             verdict = _fence_verdict(text, fence)
             if verdict != "code":

@@ -8,9 +8,11 @@ is taken for ``"arguments"``, as Llama-style models write it). Models put it in 
 * **fenced** — a Markdown code block whose info string is empty, ``json``, ``tool_call`` or
   ``tool_code`` holding one call object or a list of them (what Qwen2.5-Coder 0.5B and 1.5B write
   although their template asks for tags);
+* **wrapped** — ``<tools>{...}</tools>``: the tag the Qwen template puts around its *list* of
+  tools, which Qwen2.5-Coder 1.5B sometimes writes around a call instead;
 * **bare** — the answer opens with a call object, or a list of them, possibly several in a row.
 
-Fenced and bare calls count only when every object in them names an offered tool, so that a JSON
+Fenced, wrapped and bare calls count only when every object in them names an offered tool, so that a JSON
 answer that happens to have a ``name`` field stays text; tagged calls always count. What is taken
 as a call leaves the content; everything else stays as the model wrote it. The same openings are
 what a stream holds back (:mod:`leyline_server.api.callscan`) and what the lazy grammar constrains
@@ -25,11 +27,22 @@ import secrets
 from collections.abc import Collection
 from typing import Any
 
-__all__ = ["parse_tool_calls", "unfinished_call_at", "call_verdict", "CALL_FENCES", "TAG_OPEN", "TAG_CLOSE"]
+__all__ = [
+    "parse_tool_calls",
+    "unfinished_call_at",
+    "call_verdict",
+    "CALL_FENCES",
+    "TAG_OPEN",
+    "TAG_CLOSE",
+    "WRAP_OPEN",
+    "WRAP_CLOSE",
+]
 
 TAG_OPEN, TAG_CLOSE = "<tool_call>", "</tool_call>"
+WRAP_OPEN, WRAP_CLOSE = "<tools>", "</tools>"
 CALL_FENCES = ("", "json", "tool_call", "tool_code")  # info strings of a code block that may hold calls
 _TAGGED = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_WRAPPED = re.compile(r"<tools>(.*?)</tools>", re.DOTALL)
 _FENCED = re.compile(r"```[ \t]*([A-Za-z_]*)[ \t]*\n(.*?)```", re.DOTALL)
 _DECODER = json.JSONDecoder()
 
@@ -81,6 +94,12 @@ def _spans(text: str, names: Collection[str] | None) -> list[tuple[int, int, lis
     for match in _FENCED.finditer(text):
         if match.group(1).lower() in CALL_FENCES and not any(s <= match.start() < e for s, e, _ in spans):
             calls = _call_objects(_loads(match.group(2)))
+            if _offered(calls, names):
+                assert calls is not None
+                spans.append((match.start(), match.end(), calls))
+    for match in _WRAPPED.finditer(text):
+        if not any(s <= match.start() < e for s, e, _ in spans):
+            calls = _call_objects(_loads(match.group(1)))
             if _offered(calls, names):
                 assert calls is not None
                 spans.append((match.start(), match.end(), calls))
@@ -152,6 +171,9 @@ def unfinished_call_at(content: str, names: Collection[str] | None = None) -> in
     tag = content.rfind(TAG_OPEN)
     if tag >= 0 and TAG_CLOSE not in content[tag:]:
         return tag
+    wrap = content.rfind(WRAP_OPEN)
+    if wrap >= 0 and WRAP_CLOSE not in content[wrap:] and _opens_call(content[wrap + len(WRAP_OPEN) :], names):
+        return wrap
     fences = [m for m in re.finditer(r"```", content)]
     if len(fences) % 2 == 1:  # the last fence opens a block that never closed
         start = fences[-1].start()

@@ -13,7 +13,8 @@ makes the model write calls in that framing:
 * ``auto``: free text, but once the model opens a call it must name a listed function and give
   arguments matching its schema. A call opens with the template's ``<tool_call>``, or with a code
   fence holding a call object (``` ```json ``` then ``{"name"``: what small models such as
-  Qwen2.5-Coder write although their template asks for tags; :data:`FENCE_TRIGGERS`), the forms
+  Qwen2.5-Coder write although their template asks for tags; :data:`FENCE_TRIGGERS`), or with
+  the template's ``<tools>`` wrapped around a call object (:data:`WRAP_TRIGGERS`), the forms
   :mod:`leyline_server.api.toolcalls` parses. Where the marker is a special token (text cannot
   spell it) the call is triggered by that token alone;
 * with a JSON ``response_format`` too: either calls, or the JSON answer.
@@ -38,6 +39,7 @@ __all__ = [
     "MARK_OPEN",
     "MARK_CLOSE",
     "FENCE_TRIGGERS",
+    "WRAP_TRIGGERS",
 ]
 
 MARK_OPEN, MARK_CLOSE = "<tool_call>", "</tool_call>"
@@ -49,6 +51,9 @@ FENCE_TRIGGERS = tuple(
     for fence in ("```json\n", "```\n")
     for brace in ('{"name"', '{\n  "name"', '{\n    "name"', '{ "name"')
 )
+# A call object wrapped in ``<tools>`` (the tag around the template's tool list), and how it closes.
+WRAP_TRIGGERS = ('<tools>\n{"name"', '<tools>{"name"')
+_WRAP_END = {'<tools>\n{"name"': "}\n</tools>", '<tools>{"name"': "}</tools>"}
 LOOSE_WHITESPACE = 12
 # What follows each fence trigger, in the layout the trigger began: compact, or indented by two or four.
 _FENCED_HEAD = {'{"name"': ": ", '{\n  "name"': ": ", '{\n    "name"': ": ", '{ "name"': ": "}
@@ -233,10 +238,14 @@ def _triggered(layout: CallLayout, tools: Sequence[ToolSpec], parallel: bool) ->
         brace = trigger[trigger.index("{") :]
         content = _named(_FENCED_HEAD[brace], _FENCED_SEP[brace], tools)
         fenced.append({"type": "tag", "begin": trigger, "content": content, "end": _FENCED_END[brace]})
+    wrapped = [
+        {"type": "tag", "begin": trigger, "content": _named(": ", ", ", tools), "end": _WRAP_END[trigger]}
+        for trigger in WRAP_TRIGGERS
+    ]
     return {
         "type": "triggered_tags",
-        "triggers": [MARK_OPEN, *FENCE_TRIGGERS],
-        "tags": [tagged, *fenced],
+        "triggers": [MARK_OPEN, *FENCE_TRIGGERS, *WRAP_TRIGGERS],
+        "tags": [tagged, *fenced, *wrapped],
         "stop_after_first": not parallel,
     }
 
