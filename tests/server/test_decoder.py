@@ -111,6 +111,10 @@ def naive_hold(text: str) -> int:
     while i < len(text):
         if text.startswith("<tool_call>", i):
             return i
+        if text.startswith("<tools>", i):
+            body = text[i + len("<tools>") :].lstrip()
+            if not body or may_open_call(body):
+                return i
         if text.startswith("```", i):
             line_end = text.find("\n", i)
             header = text[i + 3 : len(text) if line_end < 0 else line_end].strip().lower()
@@ -128,7 +132,8 @@ def naive_hold(text: str) -> int:
             continue
         i += 1
     for k in range(min(len("<tool_call>") - 1, len(text)), 0, -1):  # the start of a marker, at the end
-        if len(text) - k >= scanned and (text.endswith("<tool_call>"[:k]) or (k < 3 and text.endswith("```"[:k]))):
+        marker = text.endswith("<tool_call>"[:k]) or text.endswith("<tools>"[:k]) or (k < 3 and text.endswith("```"[:k]))
+        if len(text) - k >= scanned and marker:
             return len(text) - k
     return len(text)
 
@@ -143,7 +148,10 @@ class NaiveDecoder:
         self.tokenizer, self.stop_ids, self.stops = tokenizer, set(stop_ids), stops
         self.parse_tools, self.parallel = parse_tools, parallel
         self.tool_names = frozenset(tool_names) if tool_names is not None else None
-        self.skip_special = skip_special and not parse_tools
+        marks = tokenizer.encode("<tool_call>", add_special_tokens=False) if hasattr(tokenizer, "encode") else [0]
+        specials = getattr(tokenizer, "all_special_ids", [0])
+        special_marks = len(marks) == 1 and marks[0] in specials  # then every special is kept
+        self.skip_special = skip_special and not (parse_tools and special_marks)
         self.keep_stop = keep_stop
         self.ids: list[int] = []
         self.emitted = 0

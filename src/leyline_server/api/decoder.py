@@ -61,8 +61,9 @@ class TextDecoder:
 
     ``stop_ids``: tokens that end generation (trimmed unless ``keep_stop``); ``stops``: stop
     strings (cut before them, or after them with ``keep_stop``: SGLang's ``no_stop_trim``);
-    ``parse_tools``: take tool calls out of the text (:mod:`.toolcalls`; special tokens are then
-    kept, as SGLang does, since call markers may be special tokens); ``tool_names``: the offered
+    ``parse_tools``: take tool calls out of the text (:mod:`.toolcalls`; where the call markers are
+    special tokens, special tokens are then kept, as vLLM and SGLang do; otherwise ``skip_special``
+    holds, so that a stray ``<|im_start|>`` never reaches the content); ``tool_names``: the offered
     tools (a fenced or bare call must name one); ``parallel``: keep more than one call.
     """
 
@@ -80,7 +81,7 @@ class TextDecoder:
         self.tokenizer, self.stop_ids, self.stops = tokenizer, set(stop_ids), stops
         self.parse_tools, self.parallel = parse_tools, parallel
         self.tool_names = frozenset(tool_names) if tool_names is not None else None
-        self.skip_special = skip_special and not parse_tools
+        self.skip_special = skip_special and not (parse_tools and _special_marks(tokenizer))
         self.keep_stop = keep_stop
         self.ids: list[int] = []
         self.emitted = 0
@@ -276,3 +277,24 @@ def _cleans_up(tokenizer: Any) -> bool:
     model = type(getattr(getattr(tokenizer, "backend_tokenizer", None), "model", None)).__name__
     forced = getattr(tokenizer, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False)
     return model != "BPE" or bool(forced)
+
+
+_SPECIAL_MARKS: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def _special_marks(tokenizer: Any) -> bool:
+    """Whether ``<tool_call>`` is one special token of ``tokenizer`` (then decoding must keep specials)."""
+    try:
+        return _SPECIAL_MARKS[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    try:
+        ids = tokenizer.encode("<tool_call>", add_special_tokens=False)
+        special = len(ids) == 1 and ids[0] in set(getattr(tokenizer, "all_special_ids", ()) or ())
+    except Exception:  # noqa: BLE001 - a tokenizer without encode: keep specials, as before
+        return True
+    try:
+        _SPECIAL_MARKS[tokenizer] = special
+    except TypeError:  # not weakly referable
+        pass
+    return special

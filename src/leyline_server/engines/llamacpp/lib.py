@@ -113,8 +113,15 @@ class LlamaModel:
         return buf.raw[:n]
 
     def eos_tokens(self) -> tuple[int, ...]:
-        """The model's end-of-sequence token (and end-of-turn, when it has a different one)."""
+        """Every token that ends generation, as llama.cpp decides it (``llama_vocab_is_eog``).
+
+        The end-of-sequence and end-of-turn tokens, and the others llama.cpp recognises by their
+        text: Qwen's GGUF names ``<|im_end|>`` its end of sequence, but the model also ends turns
+        with ``<|endoftext|>`` (its ``generation_config`` lists both), which would otherwise be
+        decoded as text and generation would run on.
+        """
         ids = [int(L.llama_vocab_eos(self.vocab)), int(L.llama_vocab_eot(self.vocab))]
+        ids += [t for t in range(self.n_vocab) if L.llama_vocab_is_eog(self.vocab, t)]
         return tuple(dict.fromkeys(t for t in ids if 0 <= t < self.n_vocab))
 
     def close(self) -> None:

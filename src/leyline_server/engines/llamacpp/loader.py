@@ -85,7 +85,8 @@ def load_llamacpp(
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     weights = LlamaModel(path)
     try:
-        eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else None
+        first = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        eos = list(dict.fromkeys([*first, *weights.eos_tokens()]))  # the tokenizer's, then llama.cpp's own set
         per_cell = weights.cell_bytes(kv_type)
         budget = config.kv_budget(weights.n_ctx_train, per_cell, granule=MIN_CELLS)
         core = LlamaCppEngine(
