@@ -9,6 +9,7 @@ everything (CONNECT included), so a CLI's update checks or plugin syncs never wa
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import threading
@@ -75,9 +76,19 @@ class Run:
     stderr: str
 
 
+def _shims(home: Path) -> Path:
+    """A folder with ``python`` (the machine's ``python3``), as on a developer's machine: agents run it."""
+    shims = home / "bin"
+    shims.mkdir(parents=True, exist_ok=True)
+    found = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
+    if found and not (shims / "python").exists():
+        (shims / "python").symlink_to(found)
+    return shims
+
+
 def _env(home: Path, proxy: RefusingProxy, extra: dict[str, str]) -> dict[str, str]:
     env = {
-        "PATH": f"{BIN}:/usr/local/bin:/usr/bin:/bin",
+        "PATH": f"{_shims(home)}:{BIN}:/usr/local/bin:/usr/bin:/bin",
         "HOME": str(home),
         "TERM": "dumb",
         "NO_PROXY": "127.0.0.1,localhost",
@@ -96,9 +107,14 @@ def _run(argv: list[str], env: dict[str, str], cwd: Path, timeout: float) -> Run
 
 def codex(
     home: Path, base_url: str, model: str, prompt: str, proxy: RefusingProxy, resume: bool = False,
-    headers: dict[str, str] | None = None, timeout: float = 300,
+    headers: dict[str, str] | None = None, timeout: float = 300, settings: str = "", json_events: bool = False,
 ) -> Run:  # fmt: skip
-    """``codex exec`` (``resume``: ``codex exec resume --last``) against ``base_url`` (``…/v1``)."""
+    """``codex exec`` (``resume``: ``codex exec resume --last``) against ``base_url`` (``…/v1``).
+
+    ``settings``: more top-level ``config.toml`` lines (e.g. ``model_instructions_file = "…"``);
+    ``json_events``: ``--json``, one event per line on stdout (Codex's own record of the commands
+    it ran and their output).
+    """
     codex_home = home / "codex"
     codex_home.mkdir(parents=True, exist_ok=True)
     work = home / "work"
@@ -106,7 +122,7 @@ def codex(
     header_toml = ", ".join(f'"{k}" = "{v}"' for k, v in (headers or {}).items())
     (codex_home / "config.toml").write_text(
         f'model = "{model}"\nmodel_provider = "leyline"\napproval_policy = "never"\n'
-        'sandbox_mode = "danger-full-access"\ncheck_for_update_on_startup = false\n\n'
+        'sandbox_mode = "danger-full-access"\ncheck_for_update_on_startup = false\n' + settings + "\n"
         "[analytics]\nenabled = false\n\n[features]\nplugins = false\n\n"
         f'[model_providers.leyline]\nname = "Leyline"\nbase_url = "{base_url}"\nwire_api = "responses"\n'
         f'env_key = "LEYLINE_API_KEY"\nhttp_headers = {{ {header_toml} }}\n'
@@ -114,15 +130,23 @@ def codex(
     env = _env(home, proxy, {"CODEX_HOME": str(codex_home), "LEYLINE_API_KEY": "sk-local"})
     head = [str(installed("codex")), "exec"] + (["resume", "--last"] if resume else [])
     flags = ["--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox"]
+    flags += ["--json"] if json_events else []
     argv = head + flags + ([] if resume else ["--color", "never", "-C", str(work)]) + [prompt]
     return _run(argv, env, work, timeout)
 
 
 def claude(
     home: Path, base_url: str, model: str, prompt: str, proxy: RefusingProxy, max_output: int = 256,
-    headers: dict[str, str] | None = None, timeout: float = 300,
+    headers: dict[str, str] | None = None, timeout: float = 300, tools: list[str] | None = None,
+    env: dict[str, str] | None = None, json_events: bool = False, system_prompt: str | None = None,
 ) -> Run:  # fmt: skip
-    """``claude -p`` against ``base_url`` (the server root, no ``/v1``)."""
+    """``claude -p`` against ``base_url`` (the server root, no ``/v1``).
+
+    ``tools``: ``--tools`` (the tools Claude Code offers; default all); ``env``: more environment
+    (e.g. ``CLAUDE_CODE_DISABLE_AUTO_MEMORY``); ``json_events``: ``--output-format stream-json``,
+    Claude Code's own record of every message (its tool uses and their results) on stdout;
+    ``system_prompt``: ``--system-prompt`` (replaces Claude Code's own).
+    """
     config = home / "claude"
     config.mkdir(parents=True, exist_ok=True)
     work = home / "work"
@@ -141,7 +165,11 @@ def claude(
     }
     if headers:
         extra["ANTHROPIC_CUSTOM_HEADERS"] = "\n".join(f"{k}: {v}" for k, v in headers.items())
-    argv = [str(installed("claude")), "-p", "--dangerously-skip-permissions", "--output-format", "text", prompt]
+    extra.update(env or {})
+    output = ["--output-format", "stream-json", "--verbose"] if json_events else ["--output-format", "text"]
+    offered = ["--tools", ",".join(tools)] if tools is not None else []
+    system = ["--system-prompt", system_prompt] if system_prompt is not None else []
+    argv = [str(installed("claude")), "-p", *offered, *system, "--dangerously-skip-permissions", *output, prompt]
     return _run(argv, _env(home, proxy, extra), work, timeout)
 
 
