@@ -102,6 +102,12 @@ def _server_args(parser: argparse.ArgumentParser) -> None:
         help="splice (amortize) the edits plain clients make to their own history, for every request "
         "(per request: the header X-Leyline-Client-Edits: amortize); approximate KV for those clients",
     )  # fmt: skip
+    group.add_argument(
+        "--volatile-system-line", action="append", default=None, metavar="PREFIX",
+        help="drop the Messages API system prompt's lines that start with PREFIX before rendering, so "
+        "conversations that differ only there share their cached prompt (repeatable; default: Claude "
+        "Code's attribution line, 'x-anthropic-billing-header:'; '' keeps every line)",
+    )  # fmt: skip
     group.add_argument("--max-sessions", type=int, default=4096, help="sessions kept (least recently used dropped)")
     group.add_argument("--max-sessions-per-key", type=int, default=1024, help="sessions kept per API key")
     group.add_argument("--session-ttl", type=float, default=3600.0, help="seconds an idle session is kept")
@@ -312,6 +318,7 @@ def server_config(args: argparse.Namespace) -> Any:
         isolate_keys=args.isolate_keys,
         auto_splice=args.auto_splice,
         splice_client_edits=args.splice_client_edits,
+        volatile_system_lines=volatile_lines(args.volatile_system_line),
         max_context_tokens=args.context_length,
         max_sessions=args.max_sessions,
         max_sessions_per_key=args.max_sessions_per_key,
@@ -388,3 +395,12 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def volatile_lines(flags: list[str] | None) -> tuple[str, ...]:
+    """``--volatile-system-line`` as the config's prefixes: the default when unset, none for ``''``."""
+    from leyline_server.api.config import ServerConfig
+
+    if flags is None:
+        return ServerConfig.volatile_system_lines
+    return tuple(prefix for prefix in flags if prefix)

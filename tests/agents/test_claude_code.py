@@ -64,3 +64,42 @@ def test_claude_p_answers_with_the_models_reply(served, proxy: RefusingProxy, tm
     messages = {status: n for (route, status), n in counted.items() if route.startswith("/v1/messages")}
     assert messages and set(messages) == {"200"}, counted  # every request it made: answered
     assert proxy.attempts == [], proxy.attempts  # nothing tried to leave but through the refusing proxy
+
+
+def test_a_new_conversation_reuses_the_last_ones_system_prompt_and_tools(proxy: RefusingProxy, tmp_path):
+    """Two ``claude -p`` conversations with different first prompts, one folder: Claude Code's
+    attribution line (its suffix differs) is dropped as volatile, so the second conversation's first
+    request reuses ≥ 95 % of what the two prompts share (their system prompt and tools)."""
+    service = make_service(MODEL, engine="llamacpp", kv_budget_mb=512, max_context_tokens=65536)
+    prompts: list[list[int]] = []
+    original = service.prompt
+
+    async def recording(*args: Any, **kwargs: Any) -> Any:
+        prompt = await original(*args, **kwargs)
+        prompts.append(list(prompt.tokens))
+        return prompt
+
+    service.prompt = recording  # type: ignore[method-assign]
+    answers: list[dict[str, Any]] = []
+    final = routes._final
+
+    def answered(*args: Any) -> dict[str, Any]:
+        body = final(*args)
+        answers.append(body)
+        return body
+
+    routes._final = answered  # type: ignore[assignment]
+    try:
+        with running_server(service) as url:
+            first = claude(tmp_path, url, MODEL, "Say hello.", proxy, max_output=32, tools=["Read"])
+            marks = len(prompts), len(answers)
+            second = claude(tmp_path, url, MODEL, "List three colours.", proxy, max_output=32, tools=["Read"])
+    finally:
+        routes._final = final  # type: ignore[assignment]
+    assert first.returncode == 0 and second.returncode == 0, (first.stderr[-2000:], second.stderr[-2000:])
+    a, b = prompts[0], prompts[marks[0]]  # each conversation's first request
+    shared = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    assert shared > 1000, shared  # the system prompt and the Read tool, the attribution line gone
+    reused = answers[marks[1]]["usage"].get("cache_read_input_tokens") or 0
+    assert reused >= 0.95 * shared, (reused, shared, len(b))
+    print(f"second conversation: {reused} of {len(b)} prompt tokens reused; the two share {shared}")

@@ -32,6 +32,9 @@ class ServerConfig:
     isolate_keys: bool | None = None  # None: on when API keys are configured
     auto_splice: bool = False
     splice_client_edits: bool = False  # plain clients' own edits spliced (amortize) for every request
+    # Lines of a Messages API system prompt dropped before rendering (they start with one of these):
+    # per-conversation noise that carries nothing for the model (Claude Code's attribution line).
+    volatile_system_lines: tuple[str, ...] = ("x-anthropic-billing-header:",)
     max_body_bytes: int = 8 * 2**20
     max_directives: int = 256
     max_replacement_tokens: int = 16_384

@@ -196,3 +196,22 @@ def stop_reason(finish_reason: str, matched: str | None) -> tuple[str, str | Non
     if matched is not None:
         return "stop_sequence", matched
     return "end_turn", None
+
+
+def drop_volatile_lines(messages: list[dict[str, Any]], prefixes: Sequence[str]) -> int:
+    """Drop the system messages' lines that start with one of ``prefixes`` (in place); how many.
+
+    A system message left empty is dropped too. Such lines differ from one conversation to the next
+    and mean nothing to the model (Claude Code's attribution line); without them, a new
+    conversation's prompt is the last one's tokens at the same positions, reused from the cache.
+    """
+    dropped = 0
+    for message in [m for m in messages if m.get("role") == "system" and isinstance(m.get("content"), str)]:
+        lines = message["content"].split("\n")
+        kept = [line for line in lines if not line.startswith(tuple(prefixes))]
+        if len(kept) < len(lines):
+            dropped += len(lines) - len(kept)
+            message["content"] = "\n".join(kept).strip("\n")
+            if not message["content"]:
+                messages.remove(message)
+    return dropped

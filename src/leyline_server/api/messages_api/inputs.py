@@ -13,7 +13,7 @@ merely mentions ``cache_control`` is not one.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from leyline_server.api.errors import APIError, invalid
 from leyline_server.api.limits import check_json_depth
-from leyline_server.api.messages_api.blocks import chat_tool_choice, chat_tools, to_chat_messages
+from leyline_server.api.messages_api.blocks import chat_tool_choice, chat_tools, drop_volatile_lines, to_chat_messages
 from leyline_server.api.messages_api.context_edits import apply_context_edits
 from leyline_server.api.messages_api.schemas import (
     CountTokensRequest,
@@ -48,6 +48,7 @@ class MessagesInput:
     original_tokens: int | None = None  # the prompt before the context edits
     cache_marked: bool = False  # the request set a cache_control breakpoint somewhere
     body: dict[str, Any] = field(default_factory=dict)  # the chat request's fields, before validation
+    volatile: int = 0  # system prompt lines dropped as volatile (ServerConfig.volatile_system_lines)
 
 
 def _blocks(value: Any) -> Iterator[Mapping[str, Any]]:
@@ -104,17 +105,18 @@ def chat_request(body: dict[str, Any]) -> ChatCompletionRequest:
         raise invalid(exc) from exc
 
 
-def _convert(req: CountTokensRequest, template: str) -> MessagesInput:
+def _convert(req: CountTokensRequest, template: str, volatile: Sequence[str] = ()) -> MessagesInput:
     """The chat request of ``req`` before any context edit (on a render thread)."""
     for name in DEPTH_CHECKED:
         check_json_depth(getattr(req, name), name)  # before anything walks them recursively
     messages = to_chat_messages(req.system, req.messages)
+    dropped = drop_volatile_lines(messages, volatile) if volatile else 0
     tools, not_offered = chat_tools(req.tools)
     body = _body(req, messages, tools)
     effort = _effort(req)
     if effort is not None and any(name in template for name in REASONING_SWITCHES):
         body["reasoning_effort"] = effort
-    return MessagesInput(chat_request(body), not_offered, cache_marked=cache_marked(req), body=body)
+    return MessagesInput(chat_request(body), not_offered, cache_marked=cache_marked(req), body=body, volatile=dropped)
 
 
 async def prepare_messages(req: CountTokensRequest, key: str | None, pipeline: ChatPipeline) -> MessagesInput:
@@ -125,7 +127,8 @@ async def prepare_messages(req: CountTokensRequest, key: str | None, pipeline: C
     if count > limit:
         raise APIError(400, "too_many_messages", f"{count} messages; at most {limit}", "messages")
     template = template_source(service.chat)
-    out = await service.render.run(key, lambda _: _convert(req, template))
+    volatile = service.config.volatile_system_lines
+    out = await service.render.run(key, lambda _: _convert(req, template, volatile))
     if req.context_management is not None:
         out.original_tokens = await pipeline.count_tokens(out.request, key)
         tokenizer, original, management = service.tokenizer, out.original_tokens, req.context_management

@@ -46,6 +46,8 @@ async def create_message(
     prepared = await prepare_messages(req, key, pipeline)
     turn = await pipeline.prepare(prepared.request, key, client_edits, recognise=True, cap_max_tokens=True)
     headers = {"x-leyline-tools-not-offered": names_header(prepared.not_offered)} if prepared.not_offered else {}
+    if prepared.volatile:
+        headers["x-leyline-volatile-lines-dropped"] = str(prepared.volatile)
     return await respond(request, turn, MessageAnswer(req, prepared, new_message_id()), bool(req.stream), headers)
 
 
