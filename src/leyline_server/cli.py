@@ -341,6 +341,15 @@ def server_config(args: argparse.Namespace) -> Any:
     )
 
 
+def volatile_lines(flags: list[str] | None) -> tuple[str, ...]:
+    """``--volatile-system-line`` as the config's prefixes: the default when unset, none for ``''``."""
+    from leyline_server.api.config import ServerConfig
+
+    if flags is None:
+        return ServerConfig.volatile_system_lines
+    return tuple(prefix for prefix in flags if prefix)
+
+
 def build_service(args: argparse.Namespace) -> Any:
     """Check the limits, build the engine (:func:`~leyline_server.engines.factory.build_engine`), wrap both."""
     from leyline_server.api.service import LeylineService
@@ -395,12 +404,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-
-
-def volatile_lines(flags: list[str] | None) -> tuple[str, ...]:
-    """``--volatile-system-line`` as the config's prefixes: the default when unset, none for ``''``."""
-    from leyline_server.api.config import ServerConfig
-
-    if flags is None:
-        return ServerConfig.volatile_system_lines
-    return tuple(prefix for prefix in flags if prefix)
