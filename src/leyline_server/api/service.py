@@ -205,8 +205,8 @@ class LeylineService:
         """Splice the held session as :meth:`plan_turn` planned and prefill the prompt (one engine job).
 
         The session's old base stays pinned until the new one is built; a strict splice error is a
-        4xx (the session unchanged); a prefill cancelled before its splice began keeps the session
-        on its old base (:func:`kept_on_cancel`); any other failure drops the session.
+        4xx (the session unchanged); a cancelled prefill keeps the session on its base, spliced if
+        the splice had finished (:func:`kept_on_cancel`); any other failure drops the session.
         """
         session, auto = plan.session, plan.prompt.auto
         handle, session.handle = session.handle, None
@@ -217,9 +217,11 @@ class LeylineService:
             session.handle = handle  # strict: nothing changed
             raise self._splice_error(exc, "leyline.directives") from exc
         except BaseException as exc:
-            session.handle = kept_on_cancel(exc)  # a cancelled prefill gives back the untouched base
-            if session.handle is None:
+            session.handle = kept = kept_on_cancel(exc)  # a cancelled prefill gives its base back
+            if kept is None:
                 self.sessions.drop(session)  # its handle was released by the engine
+            elif kept is not handle and auto is not None:
+                self.conversations.forget(session)  # spliced: no longer the conversation recognised
             raise
         session.handle = chat.turn.handle
         chat.fallback = plan.fallback or chat.fallback

@@ -362,7 +362,7 @@ class Scheduler:
                 del self._prefills[request.key]
 
     def _drop_cancelled(self) -> None:
-        for request in [r for q in self._prefills.values() for r in q if r.cancelled]:
+        for request in [r for q in self._prefills.values() for r in q if r.cancelled and r.gives_up]:
             self._remove(request)
             request.drop(self.core)
             self._came_back()

@@ -53,17 +53,24 @@ class PrefillRequest:
     progress: PrefillProgress | None = None  # the requester's view of how far the job has come
     blocked: bool = False  # its last chunk found no room: it waits for room to come back (engine thread)
     marks: list[float] = field(default_factory=lambda: [time.perf_counter()])  # queued, started, prepared, done
-    # Set by a requester that wants ``previous`` back if the request is dropped before a splice
-    # touched it (a cancelled turn keeps its session's old base): resolved with it, or ``None``.
+    # Set by a requester that wants ``previous`` back if the request is dropped (a cancelled turn
+    # keeps its session): resolved with the old base, or the spliced one if the splice had finished,
+    # or ``None`` (consumed, or a splice cut half-way released it).
     returned: asyncio.Future[Handle | None] | None = None
-    spliced: bool = False  # the splice began: ``previous`` is no longer the requester's old base
+    finish_once_spliced: bool = False  # cancelled after its splice finished, it still completes
+
+    @property
+    def gives_up(self) -> bool:
+        """Whether a cancelled request is dropped now: yes, unless its splice has finished and its
+        requester asked it to complete then (:attr:`finish_once_spliced`)."""
+        spliced = self.prepare is None and self.splicing is None and self.job is not None
+        return not (self.finish_once_spliced and spliced)
 
     def start(self, core: Any) -> bool:
         """Begin: the splice's first slice (if any); ``True`` once the prefill's chunks can begin."""
         self.marks.append(time.perf_counter())
         if self.prepare is not None:
             prepare, self.prepare = self.prepare, None
-            self.spliced = True
             self.splicing = prepare(self.previous)
         return self.advance(core)
 
@@ -126,8 +133,8 @@ class PrefillRequest:
         if self.job is not None:
             core.abort_prefill(self.job)
             self.job = None
-        previous, self.previous = self.previous, None
-        if previous is not None and (self.returned is None or self.spliced):
+        previous, self.previous = self.previous, None  # (no splice half-done here: it was closed above)
+        if previous is not None and self.returned is None:
             core.release(previous)
             previous = None
         self._give_back(previous)

@@ -156,22 +156,33 @@ class ThreadedEngine(Generic[StageT]):
         progress: PrefillProgress | None = None,
     ) -> tuple[Prefilled, SpliceReport | None, dict[str, float]]:
         """Queue a prefill on the scheduler and wait for it; a requester that goes (this call
-        cancelled) gives it up: the scheduler drops it before its next chunk."""
+        cancelled) gives it up: the scheduler drops it before its next chunk, and a session's old
+        base is handed back on the cancellation (:func:`~leyline_server.engines.values.set_kept`).
+
+        A turn with a splice (``prepare``) is given up only until its splice has finished: after it,
+        the session is neither its old base nor the prompt, a base its client cannot recognise, so
+        the prefill completes and the session is left at the prompt, as a client that
+        resynchronises expects (splice turns prefill little: that is their point).
+        """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         request = PrefillRequest(tokens, scope, previous, owner, loop, future, self.release, prepare)
         request.progress = progress
         returned = request.returned = loop.create_future() if previous is not None else None
+        request.finish_once_spliced = prepare is not None
         self.scheduler.prefill(request)
         try:
-            prefilled, report = await future
+            prefilled, report = await (asyncio.shield(future) if prepare is not None else future)
             return prefilled, report, request.timings()
         except asyncio.CancelledError as exc:
             request.cancelled = True  # aborted before its next chunk, or its result released
             self.scheduler.poke()
-            if returned is not None:  # the old base, if no splice touched it, goes back to its session
+            if returned is not None:  # the session's base goes back to it
                 with anyio.CancelScope(shield=True):
-                    set_kept(exc, await _returned(returned))
+                    back = await _returned(returned)  # (settled when the request is dropped or finished)
+                    set_kept(exc, _finished(future) or back)
+                    if not future.done():
+                        future.cancel()  # (gone for good: a late result is released, scheduling._resolve)
             raise
         except BaseException:
             if returned is not None and returned.done() and returned.result() is not None:
@@ -233,3 +244,10 @@ async def _returned(returned: asyncio.Future[Handle | None]) -> Handle | None:
         return await asyncio.wait_for(returned, RETURN_WAIT_S)
     except TimeoutError:  # (wait_for cancelled it: a late hand-back releases the handle)
         return None
+
+
+def _finished(future: asyncio.Future[Any]) -> Handle | None:
+    """The prompt's handle, if the prefill finished after all (a splice turn finishes once spliced)."""
+    if future.done() and not future.cancelled() and future.exception() is None:
+        return future.result()[0].handle
+    return None

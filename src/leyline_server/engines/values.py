@@ -56,10 +56,11 @@ def set_kept(cancelled: BaseException, handle: Handle | None) -> None:
 
 
 def kept_on_cancel(exc: BaseException) -> Handle | None:
-    """The session handle a cancelled ``start_turn`` gave back untouched (``None``: it was released).
+    """The session handle a cancelled ``start_turn`` gave back (``None``: it was released).
 
-    A prefill that is cancelled before any splice touched the session's old base hands that base
-    back on the :class:`asyncio.CancelledError` itself, so the session survives its client leaving.
+    A cancelled prefill hands the session's base back on the :class:`asyncio.CancelledError`
+    itself — the old one, or the spliced one if the turn's splice had finished (one cut half-way
+    releases it) — so the session survives its client leaving.
     """
     return getattr(exc, _KEPT, None)
 
