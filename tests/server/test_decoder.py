@@ -132,7 +132,8 @@ def naive_hold(text: str) -> int:
             continue
         i += 1
     for k in range(min(len("<tool_call>") - 1, len(text)), 0, -1):  # the start of a marker, at the end
-        marker = text.endswith("<tool_call>"[:k]) or text.endswith("<tools>"[:k]) or (k < 3 and text.endswith("```"[:k]))
+        tags = text.endswith("<tool_call>"[:k]) or text.endswith("<tools>"[:k])
+        marker = tags or (k < 3 and text.endswith("```"[:k]))
         if len(text) - k >= scanned and marker:
             return len(text) - k
     return len(text)

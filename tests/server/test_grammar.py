@@ -168,7 +168,13 @@ def walk_after(backend, constraint, tokenizer, prefix: str, trials=30, steps=60,
 
 @pytest.mark.parametrize(
     "opening",
-    ['Sure.\n```json\n{\n  "name"', 'Ok ```\n{"name"', "Then <tool_call>", '```json\n{ "name"', 'Run\n<tools>\n{"name"'],
+    [
+        'Sure.\n```json\n{\n  "name"',
+        'Ok ```\n{"name"',
+        "Then <tool_call>",
+        '```json\n{ "name"',
+        'Run\n<tools>\n{"name"',
+    ],
 )
 def test_auto_lets_text_through_and_constrains_a_call_once_opened(backend, hf_tokenizer, opening):
     layout = CallLayout("\n", "\n", "\n")  # markers written as text (Qwen's are ordinary tokens)
