@@ -16,9 +16,10 @@ time to its first token (``max_tokens: 1``), three ways, in one run:
 * **llama.cpp's re-prefill** — ``llama_cpp.Llama`` on the same GGUF, which reuses the longest
   common prefix of its cache and prefills the rest (what llama.cpp's server does).
 
-The model is ``tiny-gqa-long`` (random weights, 2 layers, 131k positions): no real model with a
-context this long is a preset yet (``docs/messages.md``), so the seconds are the mechanism's cost
-on a small network, not a real model's. Writes ``docs/results/tables/messages_clear_keep<K>.md``.
+The model is ``tiny-gqa-long`` (random weights, 2 layers, 131k positions), so the seconds are the
+mechanism's cost on a small network, not a real model's (the real 32k presets take minutes to
+prefill such a conversation on 2 cores: ``bench_claude_code_first.py``). Writes
+``docs/results/tables/messages_clear_keep<K>.md``.
 """
 
 from __future__ import annotations
