@@ -1,8 +1,11 @@
-"""The SGLang engine's CPU tests: collected only where SGLang is importable (``make test-sglang``).
+"""The SGLang engine's CPU tests: they run in their own virtual environment (``make test-sglang``).
 
-The default run (``pytest`` in ``.venv``, no SGLang) ignores this folder instead of skipping its
-tests. ``stubs/`` holds the CPU stand-ins (``sgl_kernel``, the MLA plugin, torchvision, whose
-PyPI wheels need CUDA torch); ``make test-sglang`` puts them on ``PYTHONPATH`` and sets SGLang's
+The default run (``pytest`` in ``.venv``, no SGLang) leaves this folder out (``--ignore`` in
+``pyproject.toml``'s ``addopts``; naming the folder overrides it); collected anywhere SGLang is
+missing, it fails with the line that installs it.
+
+``stubs/`` holds the CPU stand-ins (``sgl_kernel``, the MLA plugin, torchvision, whose PyPI wheels
+need CUDA torch); ``make test-sglang`` puts them on ``PYTHONPATH`` and sets SGLang's
 CPU engine, and this file does too, for a plain ``pytest tests/sglang``.
 """
 
@@ -10,14 +13,16 @@ from __future__ import annotations
 
 import importlib.util
 
+import pytest
+
 if importlib.util.find_spec("sglang") is None:
-    collect_ignore_glob = ["*"]
-else:
-    from tests.sglang.cpu_server import use_cpu_engine
+    raise pytest.UsageError("tests/sglang needs SGLang in its own virtual environment: run `make test-sglang`")
 
-    use_cpu_engine()
-    import torch
+from tests.sglang.cpu_server import use_cpu_engine
 
-    # Once SGLang is imported, torch's intra-op threads contend on this 2-core machine: a tiny
-    # forward takes ~100x longer with 2 threads than with 1.
-    torch.set_num_threads(1)
+use_cpu_engine()
+import torch  # noqa: E402  (after the CPU engine is chosen)
+
+# Once SGLang is imported, torch's intra-op threads contend on this 2-core machine: a tiny
+# forward takes ~100x longer with 2 threads than with 1.
+torch.set_num_threads(1)
