@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from leyline_server.api.messages_api import routes
 from tests.agents.clients import RefusingProxy, claude
+from tests.agents.recording import messages_answered
 from tests.e2e.server_helpers import make_service, running_server
 
 MODEL = "tiny-gqa-long"
@@ -27,20 +27,8 @@ MODEL = "tiny-gqa-long"
 @pytest.fixture(scope="module")
 def served() -> Iterator[tuple[str, list[dict[str, Any]]]]:
     service = make_service(MODEL, engine="llamacpp", kv_budget_mb=512, max_context_tokens=65536)
-    answers: list[dict[str, Any]] = []
-    original = routes._final
-
-    def recording(*args: Any) -> dict[str, Any]:  # every message the server answered, as sent
-        body = original(*args)
-        answers.append(body)
-        return body
-
-    routes._final = recording  # type: ignore[assignment]
-    try:
-        with running_server(service) as url:
-            yield url, answers
-    finally:
-        routes._final = original  # type: ignore[assignment]
+    with messages_answered() as answers, running_server(service) as url:
+        yield url, answers
 
 
 def statuses(url: str) -> dict[tuple[str, str], float]:
@@ -80,22 +68,10 @@ def test_a_new_conversation_reuses_the_last_ones_system_prompt_and_tools(proxy: 
         return prompt
 
     service.prompt = recording  # type: ignore[method-assign]
-    answers: list[dict[str, Any]] = []
-    final = routes._final
-
-    def answered(*args: Any) -> dict[str, Any]:
-        body = final(*args)
-        answers.append(body)
-        return body
-
-    routes._final = answered  # type: ignore[assignment]
-    try:
-        with running_server(service) as url:
-            first = claude(tmp_path, url, MODEL, "Say hello.", proxy, max_output=32, tools=["Read"])
-            marks = len(prompts), len(answers)
-            second = claude(tmp_path, url, MODEL, "List three colours.", proxy, max_output=32, tools=["Read"])
-    finally:
-        routes._final = final  # type: ignore[assignment]
+    with messages_answered() as answers, running_server(service) as url:
+        first = claude(tmp_path, url, MODEL, "Say hello.", proxy, max_output=32, tools=["Read"])
+        marks = len(prompts), len(answers)
+        second = claude(tmp_path, url, MODEL, "List three colours.", proxy, max_output=32, tools=["Read"])
     assert first.returncode == 0 and second.returncode == 0, (first.stderr[-2000:], second.stderr[-2000:])
     a, b = prompts[0], prompts[marks[0]]  # each conversation's first request
     shared = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
