@@ -4,7 +4,12 @@ Qwen2.5-Coder-1.5B-Instruct (the ``qwen2.5-coder-1.5b`` preset, ``make models`` 
 llama.cpp engine with its full 32k context: the smallest model here that reads a file with an
 agent's own tool and answers from it (the 0.5B calls tools but loses the thread after the result;
 docs/integrations.md). Greedy (``--sampling-defaults '{"temperature": 0}'``: neither CLI lets its
-user set a temperature), so that a run is the same run every time.
+user set a temperature), so that a run is the same run every time — with one more pin: both CLIs
+write today's date into the prompt (Claude Code's ``currentDate`` reminder, Codex's
+``<environment_context>``), and a greedy 1.5B model given another date may take another road (one
+day it reads both files and answers, the next it reads them again until it gives up). The test
+server sees :data:`PINNED_DATE` in its place, as a frozen clock would give (the CLIs are native
+binaries, Codex a static one: no clock can be injected into them).
 
 :class:`Served` records what the server was asked: every conversation it rendered (the chat
 messages each protocol's adapter built), so a test can check that a tool's result went back.
@@ -12,6 +17,7 @@ messages each protocol's adapter built), so a test can check that a tool's resul
 
 from __future__ import annotations
 
+import datetime
 import json
 import shutil
 from collections.abc import Iterator
@@ -23,11 +29,12 @@ from typing import Any
 from leyline_server.api import pipeline
 from tests.e2e.server_helpers import make_service, running_server
 
-__all__ = ["MODEL", "Served", "served_real_model", "messages_text", "events", "task_folder"]
+__all__ = ["MODEL", "PINNED_DATE", "Served", "served_real_model", "pin_dates", "messages_text", "events", "task_folder"]
 
 MODEL = "qwen2.5-coder-1.5b"
 TASKS = Path("/tmp/leyline-agent-tasks")
 KV_BUDGET_MB = 1024  # 32k tokens at 28 KiB each (float16 KV): the whole context
+PINNED_DATE = "2026-12-06"  # the date every prompt the tasks send holds (see the module docstring)
 
 
 @dataclass
@@ -53,6 +60,7 @@ def served_real_model() -> Iterator[Served]:
     served = Served("")
 
     async def recording(self: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
+        pin_dates(req.messages)
         served.conversations.append([m.model_dump(exclude_none=True) for m in req.messages])
         return await original(self, req, *args, **kwargs)
 
@@ -63,6 +71,28 @@ def served_real_model() -> Iterator[Served]:
             yield served
     finally:
         pipeline.ChatPipeline.prepare = original  # type: ignore[method-assign]
+
+
+def _today() -> set[str]:
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return {now.date().isoformat(), now.astimezone().date().isoformat()}
+
+
+def pin_dates(messages: list[Any]) -> None:
+    """Today's date, wherever a message's text holds it, replaced by :data:`PINNED_DATE` (in place)."""
+
+    def pinned(text: str) -> str:
+        for today in _today():
+            text = text.replace(today, PINNED_DATE)
+        return text
+
+    for message in messages:
+        if isinstance(message.content, str):
+            message.content = pinned(message.content)
+        elif isinstance(message.content, list):
+            for part in message.content:
+                if isinstance(part.get("text"), str):
+                    part["text"] = pinned(part["text"])
 
 
 def messages_text(message: dict[str, Any]) -> str:

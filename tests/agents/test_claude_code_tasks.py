@@ -4,7 +4,10 @@ Qwen2.5-Coder-1.5B on the llama.cpp engine (``tests/agents/real_model.py``), Cla
 user runs it on a CPU (docs/integrations.md): ``--tools Read``, its memory off
 (``CLAUDE_CODE_DISABLE_AUTO_MEMORY=1``: the memory instructions send a small model writing notes);
 for the two-file task its system prompt replaced by a short one (``--system-prompt``: with Claude
-Code's own, the 1.5B read both files and then asked what the question was).
+Code's own, the 1.5B read both files and then asked what the question was). The prompts are the
+ones that held over six pinned dates (``real_model.PINNED_DATE``: 2026-11-20 to 2027-03-02, 6 of
+6); asked "use the Read tool twice … then tell me both codes", the 1.5B read both files on every
+date and then, on 2026-12-06, re-read them until it gave up (docs/integrations.md).
 The oracle is Claude Code's own record of the session (``--output-format stream-json``: the tool
 uses it parsed out of the server's answers and the results it sent back) and the conversations the
 server was asked to continue; the answer must hold what only the files say.
@@ -24,8 +27,8 @@ from tests.agents.real_model import MODEL, Served, events, served_real_model, ta
 
 NO_MEMORY = {"CLAUDE_CODE_DISABLE_AUTO_MEMORY": "1"}
 SHORT_SYSTEM_PROMPT = (
-    "You are a coding assistant in a terminal. Use the Read tool to read files. "
-    "Once you have read what you need, answer the user's question in one short sentence."
+    "You are a coding assistant in a terminal. Use the Read tool to read files, one call per file. "
+    "When the tool results hold what the user asked for, stop calling tools and answer in one short sentence."
 )
 
 
@@ -82,7 +85,7 @@ def test_claude_code_reads_two_files_for_one_answer(served, proxy):
     work = home / "work"
     (work / "launch.txt").write_text("The launch code is ALPHA-4471.\n")
     (work / "backup.txt").write_text("The backup code is BRAVO-9902.\n")
-    prompt = f"Use the Read tool twice, on {work}/launch.txt and on {work}/backup.txt, then tell me both codes."
+    prompt = f"Read {work}/launch.txt and {work}/backup.txt, then tell me the launch code and the backup code."
     done, seconds = run(served, home, proxy, prompt, system=SHORT_SYSTEM_PROMPT)
     assert done.returncode == 0, done.stderr[-3000:]
     uses, results, answer = session(done.stdout)

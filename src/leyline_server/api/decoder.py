@@ -225,6 +225,7 @@ class TextDecoder:
         decoded = self._decode_all()
         self._check(decoded)
         text = self._cut_whole(decoded)
+        log.debug("answer of %d tokens (%s): %r", len(self.ids), reason, text)
         content, calls = parse_tool_calls(text, self.tool_names) if self.parse_tools else (text, [])
         if self.parse_tools:  # a call cut short (a length limit) is no content: its framing never leaks
             cut_at = unfinished_call_at(content, self.tool_names)
