@@ -159,7 +159,8 @@ def _limit_args(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     group.add_argument(
         "--compile-timeout", type=float, default=10.0,
-        help="seconds a request waits for its grammar (response_format, forced or strict tools) before a 400",
+        help="seconds a request waits, once prefilled, for its grammar (response_format, tools; it compiles beside the "
+        "prefill) before a 400",
     )  # fmt: skip
 
 

@@ -15,7 +15,7 @@ from leyline_server.api.timings import Clock
 from tests.e2e.server_helpers import make_service
 
 MODEL = "tiny-gqa"
-PARTS = ("admit", "render", "constrain", "reserve", "queue", "splice", "prefill", "first_token")
+PARTS = ("admit", "render", "constrain", "reserve", "queue", "splice", "prefill", "compile", "first_token")
 
 
 @pytest.fixture(scope="module")

@@ -11,15 +11,17 @@ next starts:
    continues, even after the client edited it (:mod:`.render`, :mod:`.conversations`); then the
    length check (prompt + completion within the context);
 4. **constrain** — the output constraint: its schemas within the request's budget
-   (:mod:`.schema_budget`), then validated and compiled off the event loop, one compile in flight
-   per key, answered within ``--compile-timeout`` (:mod:`.compiles`; a bad one is a 400 naming
-   its field);
+   (:mod:`.schema_budget`), then validated and turned into grammars off the event loop (a bad one
+   is a 400 naming its field); its compile starts here, one in flight per key (:mod:`.compiles`),
+   and runs beside the prefill;
 5. **choose the session** — the extension's, the recognised conversation's, or none (a plain
    request: the prefix cache alone) (:mod:`.session_choice`);
 6. **reserve** — the turn's KV on the admission ticket: the prompt and a bounded headroom, grown
    as tokens are generated (:mod:`.room`); a session's splice checked (a strict one that cannot
    apply is its 4xx now) and the old base's KV reserved;
-7. **splice + prefill** — one engine job (``Engine.start_turn``).
+7. **splice + prefill** — one engine job (``Engine.start_turn``); then the wait for the
+   constraint's compile, within ``--compile-timeout`` (a stream's opening never waits for it:
+   Claude Code's 24 tools take ~9 s to compile on a CPU).
 
 :meth:`ChatPipeline.prepare` runs steps 1–6, everything that can fail with an HTTP error, and
 returns a :class:`PreparedTurn`: the route can start its answer then (a stream's opening events
@@ -46,10 +48,10 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
 from leyline_server.api.admission import Ticket
+from leyline_server.api.compiles import Compiling
 from leyline_server.api.constraints import plan_constraint
 from leyline_server.api.conversations import client_edits_mode, hints_of
 from leyline_server.api.decoder import TextDecoder
-from leyline_server.api.errors import APIError
 from leyline_server.api.open_turn import Delta, OpenTurn
 from leyline_server.api.params import check_request, sampling_params, stop_strings
 from leyline_server.api.prompting import prompt_shape
@@ -59,8 +61,6 @@ from leyline_server.api.session_choice import choose_session, held_session
 from leyline_server.api.timings import Clock
 from leyline_server.api.tools import ToolPlan, plan_tools
 from leyline_server.engines.values import (
-    Constraint,
-    ConstraintError,
     PrefillProgress,
     SamplingParams,
 )
@@ -91,6 +91,7 @@ class PreparedTurn:
     progress: PrefillProgress = field(default_factory=PrefillProgress)
     ticket: Ticket | None = None  # the admission ticket the turn's KV is reserved on
     granted: int = 0  # completion tokens reserved at admission (:attr:`OpenTurn.granted`)
+    compiling: Compiling | None = None  # the constraint's compile, started at step 4
     _task: asyncio.Task[OpenTurn] | None = field(default=None, repr=False)
     _turn: OpenTurn | None = field(default=None, repr=False)
     _closed: bool = field(default=False, repr=False)
@@ -123,6 +124,9 @@ class PreparedTurn:
     async def _prefill(self) -> OpenTurn:
         chat = await self.begin(self.progress)  # 7. splice + prefill
         self.clock.mark("turn")
+        if self.compiling is not None:  # the grammar compiled beside the prefill (failed: close() releases)
+            await self.compiling.done()
+        self.clock.mark("compile")
         chat.timings = self.clock.turn_timings(chat.turn.timings)
         self._turn = OpenTurn(self.service, chat, self.params, self.decoder, self.stack, capped_to=self.capped_to,
                               clock=self.clock, ticket=self.ticket, granted=self.granted)  # fmt: skip
@@ -199,7 +203,8 @@ class ChatPipeline:
             if capped is not None:
                 req = req.model_copy(update={"max_tokens": capped, "max_completion_tokens": None})
             params = self._sampling(req, prompt)  # 3. the length check
-            params.constraint = await self._constrain(req, tools, owner)  # 4. constrain
+            compiling = await self._constrain(req, tools, owner)  # 4. constrain (the compile starts)
+            params.constraint = compiling.constraint if compiling is not None else None
             clock.mark("constrain")
             decoder = self._decoder(req, params, tools)
             granted = service.room.headroom(params.max_tokens)
@@ -208,7 +213,8 @@ class ChatPipeline:
             await stack.aclose()
             raise
         return PreparedTurn(service, owner, session, begin, params, decoder, stack, len(prompt.tokens),
-                            capped_to=capped, clock=clock, ticket=ticket, granted=granted)  # fmt: skip
+                            capped_to=capped, clock=clock, ticket=ticket, granted=granted,
+                            compiling=compiling)  # fmt: skip
 
     async def count_tokens(self, req: ChatCompletionRequest, owner: str | None) -> int:
         """The length of ``req``'s prompt (one render, no turn)."""
@@ -227,22 +233,20 @@ class ChatPipeline:
         check_request(req)
         return plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
 
-    async def _constrain(self, req: ChatCompletionRequest, tools: ToolPlan, owner: str | None) -> Constraint | None:
-        """The output constraint, compiled once here so that a bad one is a 400 naming its field.
+    async def _constrain(self, req: ChatCompletionRequest, tools: ToolPlan, owner: str | None) -> Compiling | None:
+        """The output constraint, planned here so that a bad one is a 400 naming its field; its
+        compile starts here and is waited for after the prefill (:class:`~.compiles.Compiling`).
 
-        Planning charges the schemas to the request's budget, then validates them (jsonschema:
-        seconds for a megabyte of ``$defs``), so it runs off the event loop; the compile goes
-        through the key's turn at the compile gate.
+        Planning charges the schemas to the request's budget, then validates them and turns them
+        into grammars (jsonschema: seconds for a megabyte of ``$defs``), so it runs off the event
+        loop; the compile goes through the key's turn at the compile gate.
         """
         chat = self.service.chat
         plan = await asyncio.to_thread(plan_constraint, chat, tools, req.response_format, req.regex, req.ebnf)
         if plan is None:
             return None
-        try:
-            await self.service.compiles.check(owner, plan.constraint, plan.param)
-        except ConstraintError as exc:
-            raise APIError(400, "invalid_constraint", str(exc), plan.param) from exc
-        return plan.constraint
+        gate = self.service.compiles
+        return Compiling(gate, gate.start(owner, plan.constraint), plan.constraint, plan.param)
 
     def _sampling(self, req: ChatCompletionRequest, prompt: Prompt) -> SamplingParams:
         service = self.service

@@ -5,10 +5,11 @@
 thread, the splice, the prefill's chunks). All in milliseconds:
 
 ``admit`` (a slot of the key's share), ``render`` (the prompt, and for a plain client the
-conversation it continues), ``constrain`` (the length check and the output constraint),
+conversation it continues), ``constrain`` (the length check and the output constraint's grammar, its compile started),
 ``reserve`` (the session, the KV reservation, and the answer's start before the prefill),
 ``queue`` (waiting for the engine thread), ``splice``, ``prefill`` (its chunks, other keys' steps
-between them included), ``first_token`` (from the prefill's end to the first token handed to the
+between them included), ``compile`` (the wait for the constraint's compile once the prefill is
+done: it compiles beside the prefill), ``first_token`` (from the prefill's end to the first token handed to the
 route) and ``total`` (from the turn's opening to that token). The parts add up to ``total`` within a millisecond or so.
 """
 
