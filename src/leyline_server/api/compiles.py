@@ -50,10 +50,6 @@ class CompileGate:
         """Whether ``key`` has a compile in flight (maybe past its request's budget)."""
         return key in self._running
 
-    async def check(self, key: str | None, constraint: Constraint, param: str) -> None:
-        """Compile ``constraint`` for ``key`` (``ConstraintError`` if impossible; 400 past the budget)."""
-        await self.wait(self.start(key, constraint), constraint, param)
-
     def start(self, key: str | None, constraint: Constraint) -> asyncio.Future[None] | None:
         """Queue ``key``'s compile of ``constraint`` behind the key's previous one; do not wait for it.
 
