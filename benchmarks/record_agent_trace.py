@@ -70,8 +70,10 @@ def record(model: str) -> tuple[list[dict[str, Any]], list[str]]:
             for i, prompt in enumerate(PROMPTS):
                 done = codex(home, url + "/v1", model, prompt, proxy, resume=i > 0, timeout=600, settings=settings)
                 answers.append(done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "")
-                print(f"prompt {i + 1}: exit {done.returncode}, {len(bodies)} requests so far; {answers[-1][:100]!r}",
-                      flush=True)
+                print(
+                    f"prompt {i + 1}: exit {done.returncode}, {len(bodies)} requests so far; {answers[-1][:100]!r}",
+                    flush=True,
+                )
     finally:
         inputs._convert = original  # type: ignore[assignment]
         proxy.close()
