@@ -182,8 +182,11 @@ def build(which: str, flash_attn: bool) -> Any:
         from leyline_server.engines.config import EngineConfig
         from leyline_server.engines.llamacpp.loader import load_llamacpp
 
-        config = EngineConfig(engine="llamacpp", model="smollm2-135m", kv_budget_mb=180, kv_cache_dtype="float16")
-        engine, _ = load_llamacpp(config, threads=(THREADS[0], THREADS[1]), flash_attn=flash_attn)
+        config = EngineConfig(
+            engine="llamacpp", model="smollm2-135m", kv_budget_mb=180, kv_cache_dtype="float16",
+            threads=THREADS[0], threads_batch=THREADS[1], flash_attn="on" if flash_attn else "off",
+        )  # fmt: skip
+        engine, _ = load_llamacpp(config)
         return Leyline("Leyline on llama.cpp", engine)
     import torch
 

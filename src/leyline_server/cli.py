@@ -127,6 +127,9 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         canary_tolerance=args.canary_tolerance,
         chunked_prefill_size=args.chunked_prefill_size,
         max_running_requests=args.max_running_requests,
+        threads=args.threads,
+        threads_batch=args.threads_batch,
+        flash_attn=args.flash_attn,
     )
 
 

@@ -70,6 +70,19 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
         help="embedded and llama.cpp engines: streams decoding together in one step (past it, keys take turns)",
     )  # fmt: skip
     group.add_argument(
+        "--threads", type=int, default=None,
+        help="llama.cpp engine: threads of a decode step (default: every core, as llama.cpp's server)",
+    )  # fmt: skip
+    group.add_argument(
+        "--threads-batch", type=int, default=None,
+        help="llama.cpp engine: threads of a prompt batch (default: every core)",
+    )  # fmt: skip
+    group.add_argument(
+        "--flash-attn", choices=("off", "on", "auto"), default="off",
+        help="llama.cpp engine: flash attention (auto: llama.cpp decides, on for the CPU as in llama-server); on "
+        "prefills long prompts faster, off decodes long contexts faster on few cores and keeps the exact oracle",
+    )  # fmt: skip
+    group.add_argument(
         "--canary-tolerance", type=float, default=None,
         help="largest relative layer-0 key error a splice may show (default: by the KV dtype)",
     )  # fmt: skip

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
+import llama_cpp
 import pytest
 
 from leyline_server.cli import build_service, main, parse_args
@@ -132,3 +134,20 @@ def test_the_default_serves_the_whole_context_with_llamacpps_kv_dtype(caplog):
     for case, result in results.items():  # wrong rows still fail by more than an order of magnitude
         assert result.ran and result.error > 10 * result.tolerance, (case, result)
     asyncio.run(service.shutdown())
+
+
+def test_threads_and_flash_attention_reach_the_llamacpp_context():
+    flags = ["--engine", "llamacpp", "--model-path", "tiny-gqa", "--preset-layers", "1", "--kv-budget-mb", "1"]
+    cores = os.cpu_count() or 2
+    cases = [
+        ([], (cores, cores, False)),
+        (["--threads", "1", "--threads-batch", "3"], (1, 3, False)),
+        (["--flash-attn", "auto"], (cores, cores, None)),
+        (["--flash-attn", "on"], (cores, cores, True)),
+    ]
+    for extra, want in cases:
+        service = build_service(parse_args([*flags, *extra]))
+        ctx = service.engine.core.ctx
+        assert (llama_cpp.llama_n_threads(ctx.ptr), llama_cpp.llama_n_threads_batch(ctx.ptr)) == want[:2]  # llama.cpp's
+        assert ctx.config.flash_attn is want[2]
+        asyncio.run(service.shutdown())

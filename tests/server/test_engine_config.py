@@ -61,7 +61,8 @@ def test_each_flag_lands_in_its_field():
          "--dtype", "bfloat16", "--kv-cache-dtype", "float32", "--preset-layers", "3", "--context-length", "300",
          "--kv-budget-mb", "12",
          "--disable-prefix-cache", "--swap-space", "0.5", "--rotation-budget", "7", "--canary-tolerance", "0.01",
-         "--chunked-prefill-size", "64", "--max-running-requests", "9"]
+         "--chunked-prefill-size", "64", "--max-running-requests", "9", "--threads", "3", "--threads-batch", "5",
+         "--flash-attn", "auto"]
     )  # fmt: skip
     assert engine_config(args) == EngineConfig(
         engine="llamacpp",
@@ -78,6 +79,9 @@ def test_each_flag_lands_in_its_field():
         canary_tolerance=0.01,
         chunked_prefill_size=64,
         max_running_requests=9,
+        threads=3,
+        threads_batch=5,
+        flash_attn="auto",
     )
     fraction = engine_config(parse_args(["--mem-fraction-static", "0.01"]))
     assert fraction.kv_budget_mb is not None and fraction.kv_budget_mb > 0  # a share of the memory available
@@ -92,7 +96,9 @@ def test_the_config_is_frozen_and_checked():
     for bad, flag in (({"swap_space_gb": -1}, "--swap-space"), ({"kv_budget_mb": 0}, "--kv-budget-mb"),
                       ({"dtype": "int8"}, "--dtype"), ({"engine": "vllm"}, "unknown engine"),
                       ({"kv_cache_dtype": "int8", "engine": "llamacpp"}, "--kv-cache-dtype"),
-                      ({"kv_cache_dtype": "float16"}, "keeps its KV in the weights' dtype")):  # fmt: skip
+                      ({"kv_cache_dtype": "float16"}, "keeps its KV in the weights' dtype"),
+                      ({"threads": 0}, "--threads"),
+                      ({"flash_attn": "yes"}, "--flash-attn"), ({"threads_batch": -1}, "--threads-batch")):  # fmt: skip
         with pytest.raises(ValueError, match=flag):
             EngineConfig(**bad)
 

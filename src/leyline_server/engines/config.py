@@ -72,6 +72,10 @@ class EngineConfig:
     * ``chunked_prefill_size``: prefill tokens per scheduler step; ``max_running_requests``: streams
       decoding in one step (the embedded and llama.cpp engines' scheduler,
       :mod:`leyline_server.engines.scheduler`; SGLang takes its own flags of these names).
+    * ``threads``, ``threads_batch``: the llama.cpp engine's threads for decode steps and for prompt
+      batches (``--threads``, ``--threads-batch``, as llama.cpp names them); ``None``: every core.
+    * ``flash_attn``: the llama.cpp engine's flash attention, ``off`` (default), ``on`` or ``auto``
+      (llama.cpp decides: on for the CPU, llama-server's default).
     """
 
     engine: str = "embedded"
@@ -90,6 +94,9 @@ class EngineConfig:
     canary_tolerance: float | None = None
     chunked_prefill_size: int = 256
     max_running_requests: int = 64
+    threads: int | None = None
+    threads_batch: int | None = None
+    flash_attn: str = "off"
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -116,6 +123,10 @@ class EngineConfig:
             raise ValueError("--rotation-budget must be 0 or more")
         if self.canary_tolerance is not None and not self.canary_tolerance > 0:
             raise ValueError("--canary-tolerance must be positive")
+        if self.flash_attn not in ("off", "on", "auto"):
+            raise ValueError(f"--flash-attn must be off, on or auto, not {self.flash_attn!r}")
+        if any(t is not None and t < 1 for t in (self.threads, self.threads_batch)):
+            raise ValueError("--threads and --threads-batch must be positive")
         if self.chunked_prefill_size < 1 or self.max_running_requests < 1:
             raise ValueError("--chunked-prefill-size and --max-running-requests must be positive")
         object.__setattr__(self, "engine_args", tuple(self.engine_args))

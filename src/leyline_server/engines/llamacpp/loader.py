@@ -14,7 +14,7 @@ from typing import Any
 from leyline_server.engines.config import EngineConfig
 from leyline_server.engines.kv_budget import log_pool
 from leyline_server.engines.llamacpp.engine import LlamaCppEngine
-from leyline_server.engines.llamacpp.lib import KV_TYPES, LlamaModel
+from leyline_server.engines.llamacpp.lib import KV_TYPES, LlamaModel, default_threads
 from leyline_server.engines.llamacpp.serving import AsyncLlamaCppEngine
 from leyline_server.models import SMOLLM2_NAMES, find_smollm2_gguf, resolve_real_model
 
@@ -62,19 +62,18 @@ def kv_cells(model: LlamaModel, kv_budget_mb: float, kv_type: str) -> int:
     return max(MIN_CELLS, cells // 256 * 256)
 
 
-def load_llamacpp(
-    config: EngineConfig, threads: tuple[int, int] | None = None, flash_attn: bool | None = False
-) -> tuple[AsyncLlamaCppEngine, Any]:
+def load_llamacpp(config: EngineConfig, threads: tuple[int, int] | None = None) -> tuple[AsyncLlamaCppEngine, Any]:
     """(engine, tokenizer) for ``config.model``; ``config.kv_dtype`` is the KV cache's (``auto``:
     float16, llama.cpp's own default; float32 doubles the pool's bytes), ``config.kv_budget`` its
     size (from the machine without ``--kv-budget-mb``), ``config.swap_space_gb`` the host memory
     idle sequences are parked in (0: never park). The weights are the GGUF file's.
 
-    ``threads``: (decode, prompt) threads (default: one per two cores, every core). Flash
-    attention is off by default (``None`` lets llama.cpp decide, which turns it on for the
-    CPU): on a 2-core CPU it halves decode speed at 2k tokens of context (35-40 vs 70 tok/s on
-    SmolLM2) and its reduced precision adds noise; with a float32 cache and no flash attention a
-    one-layer model's splice equals a fresh prefill to ~1e-4 (the exact oracle).
+    ``threads``: (decode, prompt) threads (default: ``config.threads`` and ``config.threads_batch``,
+    every core where unset). Flash attention is ``config.flash_attn``, off by default (``auto``
+    lets llama.cpp decide, which turns it on for the CPU, as llama-server does): it prefills long
+    prompts faster, but on a 2-core CPU it halves decode speed at 2k tokens of context (35-40 vs
+    70 tok/s on SmolLM2) and its reduced precision adds noise; with a float32 cache and no flash
+    attention a one-layer model's splice equals a fresh prefill to ~1e-4 (the exact oracle).
     """
     from transformers import AutoTokenizer
 
@@ -93,8 +92,8 @@ def load_llamacpp(
             weights,
             n_ctx=kv_cells(weights, budget.mb, kv_type),
             kv_type=kv_type,
-            flash_attn=flash_attn,
-            threads=threads,
+            flash_attn={"off": False, "on": True, "auto": None}[config.flash_attn],
+            threads=threads or default_threads(config.threads, config.threads_batch),
             eos_token_ids=eos,
             name=config.name,
             max_context_tokens=config.context_length,
