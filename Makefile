@@ -19,7 +19,7 @@ LLAMACPP_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF -DG
 	-DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
 	-DLLAMA_BUILD_SERVER=OFF -DCMAKE_PROJECT_INCLUDE=$(CURDIR)/src/leyline_server/engines/llamacpp/cmake/no_common.cmake
 
-.PHONY: agents models cluster-demo demo test test-fast bench lint clean test-sglang sglang-cpu-server
+.PHONY: agents models peer cluster-demo demo test test-fast bench lint clean test-sglang sglang-cpu-server
 
 $(STAMP): pyproject.toml
 	@echo "==> [1/4] creating the virtual environment $(VENV)"
@@ -73,6 +73,28 @@ agents: $(AGENTS_STAMP)
 MODELS ?= qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 models: $(STAMP)
 	$(VENV)/bin/leyline-models fetch $(MODELS)
+
+# The peer the benchmarks race (benchmarks/bench_vs_llama_server.py): llama.cpp's own server, built
+# from the very llama.cpp that llama-cpp-python's sdist vendors (the version the engine runs), with
+# the engine's ggml flags (portable AVX2, no OpenMP, no BLAS), so both serve the same kernels.
+# ~8 minutes on 2 cores; cmake comes from PyPI if the machine has none.
+LLAMACPP_PY_VERSION ?= 0.3.36
+PEER_DIR := $(VENV)/share/leyline/peer
+PEER := $(PEER_DIR)/llama-server
+peer: $(PEER)
+$(PEER): $(STAMP)
+	@echo "==> llama-server from llama-cpp-python $(LLAMACPP_PY_VERSION)'s vendored llama.cpp"
+	@mkdir -p $(PEER_DIR)/src
+	$(PY) -m pip download -q --no-deps --no-binary :all: llama-cpp-python==$(LLAMACPP_PY_VERSION) -d $(PEER_DIR)/src
+	tar -xzf $(PEER_DIR)/src/llama_cpp_python-$(LLAMACPP_PY_VERSION).tar.gz -C $(PEER_DIR)/src
+	@command -v cmake >/dev/null 2>&1 || $(PY) -m pip install -q cmake ninja
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" cmake -S $(PEER_DIR)/src/llama_cpp_python-$(LLAMACPP_PY_VERSION)/vendor/llama.cpp \
+		-B $(PEER_DIR)/build -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF \
+		-DGGML_OPENMP=OFF -DGGML_BLAS=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+		-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" cmake --build $(PEER_DIR)/build --target llama-server -j $(LLAMACPP_JOBS)
+	cp $(PEER_DIR)/build/bin/llama-server $(PEER)
+	@echo "==> built $(PEER)"
 
 # The fast tier first (fail fast: unit tests, in-process servers), then the slow tier (real
 # servers, real models, real agent clients). Both print their 20 slowest tests (--durations).
