@@ -50,7 +50,7 @@ async def measure(parking: bool, args: argparse.Namespace, scenario: Scenario) -
         kv_cache_dtype="float16",
         swap_space_gb=4.0 if parking else 0.0,
     )
-    engine, _ = load_llamacpp(config, threads=THREADS, flash_attn=False)
+    engine, _ = load_llamacpp(config, threads=THREADS)  # flash attention: off, the config's default
     rows, idle = [], []
     prompt = scenario.prompt(args.prompt)
     try:

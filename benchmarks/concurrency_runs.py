@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from peer_servers import free_port, serve_process
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m"
@@ -29,38 +29,14 @@ KV_MB = 512  # room for 8 streams of ~270 tokens and the 6k-token edit conversat
 @contextlib.contextmanager
 def server(engine: str, src: Path | None = None, flags: Sequence[str] = ()) -> Iterator[str]:
     """``leyline-server`` for SmolLM2 on ``engine`` (from ``src``, another tree's ``src/``, if given)."""
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "leyline_server.cli", "--model-path", MODEL, "--engine", engine, "--port", str(port)]
     cmd += ["--kv-budget-mb", str(KV_MB), "--log-level", "warning", *flags]
     env = os.environ.copy()
     if src is not None:
         env["PYTHONPATH"] = f"{src}:{src.parent / 'policies'}"
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {proc.returncode}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            time.sleep(0.2)
+    with serve_process(cmd, port, env=env) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def document(i: int, words: int) -> str:

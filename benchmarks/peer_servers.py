@@ -35,10 +35,16 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def _process(cmd: Sequence[str], port: int, log: Path) -> Iterator[str]:
-    """Run ``cmd`` (its output to ``log``) until ``/health`` answers 200; yield its base URL."""
-    with log.open("ab") as out:
-        proc = subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+def serve_process(
+    cmd: Sequence[str], port: int, log: Path | None = None, env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """Run the server ``cmd`` (its output to ``log``, else inherited) until ``/health`` on ``port``
+    answers 200; yield its base URL; stop it on exit."""
+    if log is None:
+        proc = subprocess.Popen(list(cmd), env=env, cwd=ROOT)
+    else:
+        with log.open("ab") as out:
+            proc = subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 600
@@ -68,7 +74,7 @@ def leyline(model: str, context: int, streams: int, log: Path, flags: Sequence[s
     cmd = [sys.executable, "-m", "leyline_server.cli", "--model-path", model, "--engine", "llamacpp",
            "--port", str(port), "--context-length", str(context), "--kv-budget-mb", str(kv_mb),
            "--log-level", "warning", *flags]  # fmt: skip
-    with _process(cmd, port, log) as url:
+    with serve_process(cmd, port, log) as url:
         yield url
 
 
@@ -82,7 +88,7 @@ def llama_server(
     port = free_port()
     cmd = [str(PEER), "-m", str(gguf), "--port", str(port), "-c", str(context * slots), "-np", str(slots),
            "--cache-reuse", str(cache_reuse), "--jinja", "--no-webui", *flags]  # fmt: skip
-    with _process(cmd, port, log) as url:
+    with serve_process(cmd, port, log) as url:
         yield url
 
 
