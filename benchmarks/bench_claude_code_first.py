@@ -36,6 +36,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from recorded_bodies import recorded_bodies  # noqa: E402
+
 from leyline_server.api.messages_api import inputs  # noqa: E402
 from leyline_server.local import local_service, serve_in_thread  # noqa: E402
 from tests.agents.clients import RefusingProxy, claude  # noqa: E402
@@ -46,22 +48,13 @@ LINE = re.compile(r"(x-anthropic-billing-header: cc_version=[\d.]+\.)(\w+)(;)")
 def capture() -> dict[str, Any]:
     """Claude Code's first request with its default tools, as the server received it."""
     service = local_service("tiny-gqa-long", engine="llamacpp", kv_budget_mb=512, max_context_tokens=65536)
-    bodies: list[dict[str, Any]] = []
-    original = inputs._convert
-
-    def recording(req: Any, *args: Any) -> Any:
-        bodies.append(req.model_dump(mode="json", exclude_unset=True))
-        return original(req, *args)
-
-    inputs._convert = recording  # type: ignore[assignment]
     proxy = RefusingProxy()
     try:
-        with serve_in_thread(service) as url, tempfile.TemporaryDirectory() as home:
+        with recorded_bodies(inputs) as bodies, serve_in_thread(service) as url, tempfile.TemporaryDirectory() as home:
             done = claude(Path(home), url, "tiny-gqa-long", "Which files are in this folder?", proxy, max_output=16)
             if done.returncode != 0:
                 raise SystemExit(f"claude -p failed: {done.stderr[-2000:]}")
     finally:
-        inputs._convert = original  # type: ignore[assignment]
         proxy.close()
     return max(bodies, key=lambda b: len(json.dumps(b)))  # the turn itself, not a title or quota probe
 

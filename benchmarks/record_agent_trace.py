@@ -25,6 +25,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from recorded_bodies import recorded_bodies  # noqa: E402
+
 from leyline_server.api.responses_api import inputs  # noqa: E402
 from leyline_server.local import local_service, serve_in_thread  # noqa: E402
 from tests.agents.clients import RefusingProxy, codex  # noqa: E402
@@ -49,17 +51,13 @@ def record(model: str) -> tuple[list[dict[str, Any]], list[str]]:
     """The session's request bodies, and Codex's last message after each prompt."""
     service = local_service(model, engine="llamacpp", kv_budget_mb=1024, max_context_tokens=32768,
                             sampling_defaults={"temperature": 0.0}, default_max_tokens=1024)  # fmt: skip
-    bodies: list[dict[str, Any]] = []
-    original = inputs._convert
-
-    def recording(req: Any, *args: Any) -> Any:
-        bodies.append(req.model_dump(mode="json", exclude_unset=True))
-        return original(req, *args)
-
-    inputs._convert = recording  # type: ignore[assignment]
     proxy, answers = RefusingProxy(), []
     try:
-        with serve_in_thread(service) as url, tempfile.TemporaryDirectory() as scratch:
+        with (
+            recorded_bodies(inputs) as bodies,
+            serve_in_thread(service) as url,
+            tempfile.TemporaryDirectory() as scratch,
+        ):
             home = Path(scratch)
             (home / "work").mkdir()
             for name, text in PROJECT.items():
@@ -75,7 +73,6 @@ def record(model: str) -> tuple[list[dict[str, Any]], list[str]]:
                     flush=True,
                 )
     finally:
-        inputs._convert = original  # type: ignore[assignment]
         proxy.close()
     return bodies, answers
 
