@@ -56,6 +56,11 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
         help="llama.cpp engine: GiB of host memory for the KV of idle sessions parked out of the pool "
         "(idle sequences in the pool slow every decode); 0 keeps them in the pool",
     )  # fmt: skip
+    _engine_tuning_args(group)
+
+
+def _engine_tuning_args(group: argparse._ArgumentGroup) -> None:
+    """The ``model`` group's tuning flags: splice budgets, the CPU engines' scheduler and llama.cpp's threads."""
     group.add_argument(
         "--rotation-budget", type=int, default=DEFAULT_ROTATION_BUDGET,
         help="rotations one cached key may take; a splice past it falls back (drift_budget)",
