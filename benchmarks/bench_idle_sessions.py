@@ -49,8 +49,10 @@ async def measure(parking: bool, args: argparse.Namespace, scenario: Scenario) -
         kv_budget_mb=args.kv_budget_mb,
         kv_cache_dtype="float16",
         swap_space_gb=4.0 if parking else 0.0,
+        threads=THREADS[0],
+        threads_batch=THREADS[1],
     )
-    engine, _ = load_llamacpp(config, threads=THREADS)  # flash attention: off, the config's default
+    engine, _ = load_llamacpp(config)  # flash attention: off, the config's default
     rows, idle = [], []
     prompt = scenario.prompt(args.prompt)
     try:

