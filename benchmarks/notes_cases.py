@@ -62,28 +62,31 @@ def mentions(text: str, value: str) -> bool:
     return re.search(rf"(?<!\d){re.escape(value)}(?!\d)", text) is not None
 
 
-def _filler_output(rng: random.Random) -> tuple[str, dict[str, Any], str]:
-    """A read-only tool call (grep, list_dir or a passing test run) and its output."""
+def _filler_output(rng: random.Random, short: bool = False) -> tuple[str, dict[str, Any], str]:
+    """A read-only tool call (grep, list_dir or a passing test run) and its output (``short``: a
+    third of the lines)."""
     kind = rng.choice(["grep", "list_dir", "run_tests"])
+    div = 3 if short else 1
     if kind == "grep":
         pattern = rng.choice(["load_settings", "Config(", "getenv", "yaml.safe_load", "reload("])
         lines = [
             f"src/{rng.choice(NOUNS)}/{rng.choice(WORDS)}.py:{rng.randint(1, 400)}: {pattern}"
-            for _ in range(rng.randint(10, 18))
+            for _ in range(rng.randint(10 // div, 18 // div))
         ]
         return kind, {"pattern": pattern}, "\n".join(lines)
     if kind == "list_dir":
-        names = sorted({f"{rng.choice(WORDS)}_{rng.choice(NOUNS)}.py" for _ in range(rng.randint(14, 24))})
+        count = rng.randint(14 // div, 24 // div)
+        names = sorted({f"{rng.choice(WORDS)}_{rng.choice(NOUNS)}.py" for _ in range(count)})
         return kind, {"path": "src/"}, "\n".join(f"{rng.randint(1, 40)}K  {n}" for n in names)
     n = rng.randint(20, 60)
     dots = "".join(rng.choice("....s") for _ in range(n))
     return kind, {"target": "tests/"}, f"collected {n} items\n\ntests/ {dots}\n\n{n} passed in {rng.uniform(1, 9):.2f}s"
 
 
-def filler(rng: random.Random, call_id: str, avoid: Sequence[str]) -> list[dict[str, Any]]:
+def filler(rng: random.Random, call_id: str, avoid: Sequence[str], short: bool = False) -> list[dict[str, Any]]:
     """One read-only tool exchange whose output mentions none of the numbers in ``avoid``."""
     while True:
-        tool, args, output = _filler_output(rng)
+        tool, args, output = _filler_output(rng, short)
         if not any(mentions(output, v) for v in avoid):
             return exchange(call_id, tool, args, output)
 
@@ -132,9 +135,10 @@ class FieldCase:
     via: str
 
 
-def field_case(seed: int, fillers: int, outside: bool = False) -> FieldCase:
+def field_case(seed: int, fillers: int, outside: bool = False, short: bool = False) -> FieldCase:
     """Read the config, ``fillers`` other calls, a write that changes one value (or, ``outside``,
-    one more read-only call: the value changed outside the conversation), one more call."""
+    one more read-only call: the value changed outside the conversation), one more call
+    (``short``: the read-only calls' outputs a third as long)."""
     rng = random.Random(seed)
     key, path = KEYS[seed % len(KEYS)], PATHS[seed % len(PATHS)]
     old, new = _values(rng)
@@ -143,17 +147,17 @@ def field_case(seed: int, fillers: int, outside: bool = False) -> FieldCase:
     messages += exchange("c0", "read_file", {"path": path}, "\n".join(lines))
     read_index = len(messages) - 1
     for i in range(fillers):
-        messages += filler(rng, f"c{i + 1}", (old, new))
+        messages += filler(rng, f"c{i + 1}", (old, new), short)
     new_lines = lines[:at] + [f"{key}: {new}"] + lines[at + 1 :]
     via = "outside" if outside else "write_file" if seed % 2 == 0 else "set_config"
     if via == "outside":
-        messages += filler(rng, "w", (old, new))
+        messages += filler(rng, "w", (old, new), short)
     elif via == "write_file":
         body = "\n".join(new_lines)
         messages += exchange("w", via, {"path": path, "content": body}, f"wrote {len(body)} bytes to {path}")
     else:
         messages += exchange("w", via, {"path": path, "key": key, "value": new}, f"{path}: {key} set to {new}")
-    messages += filler(rng, "c9", (old, new))
+    messages += filler(rng, "c9", (old, new), short)
     corrected = [dict(m) for m in messages]
     corrected[read_index]["content"] = "\n".join(new_lines)
     question = {"role": "user", "content": f"What is {key} in {path} now? Answer with the number only."}
