@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fidelity_arms import Answer, Key, Runner, run_case  # noqa: E402
 from fidelity_cases import FAMILIES, Case  # noqa: E402
-from fidelity_stats import Check, answer_row, old, pair_row, right  # noqa: E402
+from fidelity_stats import Check, answer_row, old, pair_row, pull_row, right  # noqa: E402
 
 from leyline_sdk.explain.diff import common_prefix_length  # noqa: E402
 from leyline_server.engines.config import EngineConfig  # noqa: E402
@@ -100,8 +100,8 @@ def accuracy_table(results: list[Result], edits: int) -> list[str]:
     if case.family == "leak":
         checks = [(f"{q}: secret in the answer", q, old) for q in questions]
     else:
-        removed = {"eviction": "the evicted file's value", "successive": "–"}.get(case.family, "the old value")
-        checks = [("right value", questions[0], right), (removed, questions[0], old)]
+        removed = "the evicted file's value" if case.family == "eviction" else "the old value"
+        checks = [("right value", questions[0], right)] + ([(removed, questions[0], old)] if case.old else [])
     lines = ["| arm | " + " | ".join(c[0] for c in checks) + " |", "| --- |" + " ---: |" * len(checks)]
     for arm in _arms(results, edits, questions[0]):
         cells = [answer_row("", _answers(results, arm, edits, q), [check]).split("|")[2] for _, q, check in checks]
@@ -139,12 +139,25 @@ def successive_table(results: list[Result]) -> list[str]:
     return lines
 
 
+def pull_table(results: list[Result], edits: int) -> list[str]:
+    """The secret's pull on each arm: the probability its first answer token to the direct question
+    gives the token the full context answers with (the secret's first)."""
+    lines = ["| arm | P(the secret's first token) | among the 5 most likely |", "| --- | ---: | ---: |"]
+    for arm in _arms(results, edits, "direct"):
+        pairs = [(a, out["full", 0, "direct"].tokens[0]) for (_, a), (_, out, _) in
+                 zip(_answers(results, arm, edits, "direct"), results, strict=True)]  # fmt: skip
+        lines.append(pull_row(arm, pairs))
+    return lines
+
+
 def report(family: str, results: list[Result], seconds: float) -> str:
     """The markdown section of one family."""
     case = results[0][0]
     edits = max(case.asks())
     head = [f"### {family} ({len(results)} cases, {seconds / 60:.0f} min)", ""]
     body = accuracy_table(results, edits) + [""] + agreement_table(results, edits)
+    if case.family == "leak":
+        body += ["", "Direct question, first answer token:", ""] + pull_table(results, edits)
     if case.checkpoints:
         body += ["", "After each number of successive edits:", ""] + successive_table(results)
     return "\n".join(head + body) + "\n"

@@ -16,7 +16,7 @@ from fidelity_arms import Answer
 from fidelity_cases import Case
 from notes_cases import mentions
 
-__all__ = ["wilson", "rate", "mean_ci", "kl", "cosine", "pair_row", "answer_row", "right", "old"]
+__all__ = ["wilson", "rate", "mean_ci", "kl", "cosine", "pair_row", "pull_row", "answer_row", "right", "old"]
 
 Check = Callable[[Case, str], bool]
 
@@ -62,6 +62,24 @@ def kl(reference: np.ndarray, other: np.ndarray) -> float:
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
     """Cosine similarity of two logit vectors."""
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def probability(logits: np.ndarray, token: int) -> float:
+    """The probability ``logits`` give ``token``."""
+    return float(np.exp(_log_softmax(logits)[token]))
+
+
+def in_top(logits: np.ndarray, token: int, k: int) -> bool:
+    """Whether ``token`` is among the ``k`` most likely under ``logits``."""
+    return bool((logits > logits[token]).sum() < k)
+
+
+def pull_row(label: str, pairs: Sequence[tuple[Answer, int]]) -> str:
+    """A markdown row: the probability each answer's first-token distribution gives a token (the
+    removed secret's first token), and how often that token is among its 5 most likely."""
+    probs = mean_ci([probability(a.logits, t) for a, t in pairs], 3)
+    top = rate([in_top(a.logits, t, 5) for a, t in pairs])
+    return f"| {label} | {probs} | {top} |"
 
 
 def pair_row(label: str, pairs: Sequence[tuple[Answer, Answer]]) -> str:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from fidelity_arms import Runner, run_case  # noqa: E402
 from fidelity_cases import FAMILIES, Case  # noqa: E402
-from fidelity_stats import cosine, kl, wilson  # noqa: E402
+from fidelity_stats import cosine, in_top, kl, probability, wilson  # noqa: E402
 from notes_cases import mentions  # noqa: E402
 
 from leyline_server.engines.config import EngineConfig  # noqa: E402
@@ -60,6 +60,10 @@ def test_the_measures_match_independent_implementations():
     assert kl(a, b) == pytest.approx(float(expected), rel=1e-9)
     expected_cosine = torch.nn.functional.cosine_similarity(torch.tensor(a), torch.tensor(b), 0)
     assert cosine(a, b) == pytest.approx(float(expected_cosine))
+    probs = torch.softmax(torch.tensor(a), -1)
+    assert probability(a, 7) == pytest.approx(float(probs[7]))
+    ranked = torch.argsort(probs, descending=True).tolist()
+    assert in_top(a, ranked[4], 5) and not in_top(a, ranked[5], 5)
     # Wilson score interval, worked by hand: 5 of 10 -> 0.2366..0.7634; 0 of 10 -> 0..0.2775
     assert wilson(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
     assert wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
