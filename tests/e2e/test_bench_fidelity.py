@@ -90,3 +90,18 @@ def test_on_qwen_the_splice_answers_nearly_as_often_as_forget():
              for arm in ("full", "forget", "splice")}  # fmt: skip
     assert score["forget"] >= 8, score  # the model does answer: the comparison means something
     assert score["splice"] >= score["forget"] - EVICTION_MARGIN * len(results), score
+
+
+def test_the_benchmark_runs_as_documented_and_prints_every_family(tmp_path):
+    import subprocess
+
+    md = tmp_path / "fidelity.md"
+    args = "--model smollm2-135m --cases 1 --successive-cases 1 --max-tokens 4".split()
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_fidelity.py"), *args, "--md", str(md)],
+        capture_output=True, text=True, timeout=900, cwd=ROOT,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    for family in FAMILIES:
+        assert f"### {family} (1 cases" in md.read_text()
+    assert "P(the secret's first token)" in out.stdout and "budget 2:" in out.stdout
