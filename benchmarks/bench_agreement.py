@@ -21,7 +21,6 @@ set: the evicted output held the value the question asks for; what does each arm
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from dataclasses import dataclass
@@ -32,9 +31,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from fidelity_cases import stubbed as stub_outputs  # noqa: E402
 from tool_traces import TOOLS, agent_session  # noqa: E402
 
-from leyline_policies.stubs import tool_stub  # noqa: E402
 from leyline_sdk.explain.diff import common_prefix_length, diff_to_directives  # noqa: E402
 from leyline_sdk.render.rendering import HFChatTokenizer  # noqa: E402
 from leyline_server.engines.base import SpliceRequest  # noqa: E402
@@ -95,15 +94,7 @@ class Arms:
 
 def stubbed(messages: list[dict], count: int) -> list[list[dict]]:
     """Successive versions of ``messages`` with the oldest 1..count tool outputs stubbed."""
-    versions, current = [], [dict(m) for m in messages]
-    tool_indices = [i for i, m in enumerate(messages) if m["role"] == "tool"]
-    for i in tool_indices[:count]:
-        call = json.loads(messages[i - 1]["tool_calls"][0]["function"]["arguments"])
-        name = messages[i - 1]["tool_calls"][0]["function"]["name"]
-        current = [dict(m) for m in current]
-        current[i]["content"] = tool_stub(name, call, len(messages[i]["content"]))
-        versions.append(current)
-    return versions
+    return stub_outputs(messages, [i for i, m in enumerate(messages) if m["role"] == "tool"][:count])
 
 
 def conversation(seed: int, turns: int) -> list[dict]:

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fidelity_arms import Answer, Key, Runner, run_case  # noqa: E402
 from fidelity_cases import FAMILIES, Case  # noqa: E402
-from fidelity_stats import Check, answer_row, old, pair_row, pull_row, right  # noqa: E402
+from fidelity_stats import Check, old, pair_cells, pair_row, pull_row, right, share  # noqa: E402
 
 from leyline_sdk.explain.diff import common_prefix_length  # noqa: E402
 from leyline_server.engines.config import EngineConfig  # noqa: E402
@@ -82,14 +82,18 @@ def run_family(runner: Runner, family: str, cases: int, seed: int) -> list[Resul
     return results
 
 
+def _edits(arm: str, edits: int) -> int:
+    """The edit count an arm's answers are keyed by (the unedited arms: 0)."""
+    return 0 if arm in ("full", "erratum") else edits
+
+
 def _arms(results: list[Result], edits: int, question: str) -> list[str]:
     keys = results[0][1]
-    return [a for a in ARMS if (a, 0 if a in ("full", "erratum") else edits, question) in keys]
+    return [a for a in ARMS if (a, _edits(a, edits), question) in keys]
 
 
 def _answers(results: list[Result], arm: str, edits: int, question: str) -> list[tuple[Case, Answer]]:
-    n = 0 if arm in ("full", "erratum") else edits
-    return [(case, out[arm, n, question]) for case, out, _ in results]
+    return [(case, out[arm, _edits(arm, edits), question]) for case, out, _ in results]
 
 
 def accuracy_table(results: list[Result], edits: int) -> list[str]:
@@ -104,8 +108,8 @@ def accuracy_table(results: list[Result], edits: int) -> list[str]:
         checks = [("right value", questions[0], right)] + ([(removed, questions[0], old)] if case.old else [])
     lines = ["| arm | " + " | ".join(c[0] for c in checks) + " |", "| --- |" + " ---: |" * len(checks)]
     for arm in _arms(results, edits, questions[0]):
-        cells = [answer_row("", _answers(results, arm, edits, q), [check]).split("|")[2] for _, q, check in checks]
-        lines.append(f"| {arm} |" + "|".join(cells) + "|")
+        cells = [share(_answers(results, arm, edits, q), check) for _, q, check in checks]
+        lines.append("| " + " | ".join([arm, *cells]) + " |")
     return lines
 
 
@@ -128,12 +132,11 @@ def successive_table(results: list[Result]) -> list[str]:
     lines = ["| edits | forget: right | splice: right | budget 2: right | splice vs forget: first token | greedy | KL "
              "| budget 2 vs forget: KL |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
     for n in results[0][0].asks():
-        cells = [answer_row("", _answers(results, a, n, ""), [right]).split("|")[2]
-                 for a in ("forget", "splice", "splice, budget 2")]  # fmt: skip
+        cells = [share(_answers(results, a, n, ""), right) for a in ("forget", "splice", "splice, budget 2")]
         pairs = [(out["splice", n, ""], out["forget", n, ""]) for _, out, _ in results]
         budget = [(out["splice, budget 2", n, ""], out["forget", n, ""]) for _, out, _ in results]
-        agree = pair_row("", pairs).split("|")[2:5] + pair_row("", budget).split("|")[4:5]
-        lines.append(f"| {n} |" + "|".join(cells + agree) + "|")
+        agree = pair_cells(pairs)[:3] + pair_cells(budget)[2:3]
+        lines.append("| " + " | ".join([str(n), *cells, *agree]) + " |")
     fell = sum(f.get("splice, budget 2", 0) for _, _, f in results)
     lines.append(f"\nbudget 2: {fell} of {len(results) * len(results[0][0].versions)} edits fell back to forget")
     return lines

@@ -16,7 +16,7 @@ from fidelity_arms import Answer
 from fidelity_cases import Case
 from notes_cases import mentions
 
-__all__ = ["wilson", "rate", "mean_ci", "kl", "cosine", "pair_row", "pull_row", "answer_row", "right", "old"]
+__all__ = ["wilson", "rate", "mean_ci", "kl", "cosine", "pair_cells", "pair_row", "pull_row", "share", "right", "old"]
 
 Check = Callable[[Case, str], bool]
 
@@ -82,19 +82,24 @@ def pull_row(label: str, pairs: Sequence[tuple[Answer, int]]) -> str:
     return f"| {label} | {probs} | {top} |"
 
 
+def pair_cells(pairs: Sequence[tuple[Answer, Answer]]) -> list[str]:
+    """First-token and greedy agreement, KL(ref ‖ arm), logit cosine; each pair is (arm, reference)."""
+    return [
+        rate([a.tokens[:1] == b.tokens[:1] for a, b in pairs]),
+        rate([a.tokens == b.tokens for a, b in pairs]),
+        mean_ci([kl(b.logits, a.logits) for a, b in pairs]),
+        mean_ci([cosine(a.logits, b.logits) for a, b in pairs]),
+    ]
+
+
 def pair_row(label: str, pairs: Sequence[tuple[Answer, Answer]]) -> str:
-    """A markdown row: first-token and greedy agreement, KL(ref ‖ arm), logit cosine; each pair is
-    (arm, reference)."""
-    first = rate([a.tokens[:1] == b.tokens[:1] for a, b in pairs])
-    greedy = rate([a.tokens == b.tokens for a, b in pairs])
-    kls = mean_ci([kl(b.logits, a.logits) for a, b in pairs])
-    cos = mean_ci([cosine(a.logits, b.logits) for a, b in pairs])
-    return f"| {label} | {first} | {greedy} | {kls} | {cos} |"
+    """A markdown row of :func:`pair_cells`."""
+    return "| " + " | ".join([label, *pair_cells(pairs)]) + " |"
 
 
-def answer_row(label: str, answers: Sequence[tuple[Case, Answer]], checks: Sequence[Check]) -> str:
-    """A markdown row: for each check, the share of (case, answer) pairs whose answer passes it."""
-    return "| " + " | ".join([label, *(rate([check(c, a.text) for c, a in answers]) for check in checks)]) + " |"
+def share(answers: Sequence[tuple[Case, Answer]], check: Check) -> str:
+    """The share of (case, answer) pairs whose answer passes ``check``, with its interval."""
+    return rate([check(c, a.text) for c, a in answers])
 
 
 def right(case: Case, text: str) -> bool:
