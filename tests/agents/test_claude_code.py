@@ -10,6 +10,7 @@ status).
 
 from __future__ import annotations
 
+import difflib
 import re
 import urllib.request
 from collections.abc import Iterator
@@ -79,3 +80,38 @@ def test_a_new_conversation_reuses_the_last_ones_system_prompt_and_tools(proxy: 
     reused = answers[marks[1]]["usage"].get("cache_read_input_tokens") or 0
     assert reused >= 0.95 * shared, (reused, shared, len(b))
     print(f"second conversation: {reused} of {len(b)} prompt tokens reused; the two share {shared}")
+
+
+def test_a_conversation_in_another_folder_reuses_past_its_path_under_the_opt_in(proxy: RefusingProxy, tmp_path):
+    """Two ``claude -p`` conversations in two folders: their system prompts differ inside a line (the
+    working directory). With the opt-in header (``ANTHROPIC_CUSTOM_HEADERS``) the second opens on the
+    first's cached tokens and splices the path (conversation rule 4): its first request reads ≥ 95 %
+    of the tokens the two prompts share from the cache (the shared runs counted by ``difflib``),
+    reported as the source ``conversation``, where the prefix cache alone stops at the path."""
+    service = make_service(MODEL, engine="llamacpp", kv_budget_mb=512, max_context_tokens=65536)
+    prompts: list[list[int]] = []
+    original = service.prompt
+
+    async def recording(*args: Any, **kwargs: Any) -> Any:
+        prompt = await original(*args, **kwargs)
+        prompts.append(list(prompt.tokens))
+        return prompt
+
+    service.prompt = recording  # type: ignore[method-assign]
+    opt_in = {"X-Leyline-Client-Edits": "amortize"}
+    with messages_answered() as answers, running_server(service) as url:
+        first = claude(tmp_path / "alpha", url, MODEL, "Say hello.", proxy, 32, opt_in, tools=["Read"])
+        marks = len(prompts), len(answers)
+        second = claude(tmp_path / "beta-2", url, MODEL, "List three colours.", proxy, 32, opt_in, tools=["Read"])
+    assert first.returncode == 0 and second.returncode == 0, (first.stderr[-2000:], second.stderr[-2000:])
+    a, b = prompts[0], prompts[marks[0]]
+    prefix = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+    matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    shared = sum(block.size for block in matcher.get_matching_blocks() if block.size >= 64)
+    assert shared > prefix + 1000, (prefix, shared)  # the folders differ early; much is shared after
+    answer = answers[marks[1]]
+    reused = answer["usage"].get("cache_read_input_tokens") or 0
+    assert reused >= 0.95 * shared, (reused, shared, prefix, len(b))
+    assert "conversation" in answer["leyline"]["sources"], answer["leyline"]
+    assert answer["leyline"]["approximate_tokens"] > 0
+    print(f"second folder: {reused} of {len(b)} prompt tokens reused; prefix {prefix}, shared {shared}")

@@ -19,7 +19,14 @@ same key, idle (no request on it), found by the first of these that finds any ca
    adapter maps Claude Code's session there) is ``S``'s, and the two open alike (the messages
    before the first assistant message).
 
-Each finds ``S`` only when ``S`` is its *only* candidate (among several, those with the request's
+4. **its neighbour** (only under the opt-in) — none of the above: the request's prompt differs
+   from the exact cached tokens of one of the key's conversations only in short spans (a path
+   or a date inside the system prompt) followed by long identical runs: it gets a *new* session
+   opened on those cached tokens, the spans spliced in ``amortize`` mode
+   (:mod:`leyline_server.api.reuse`; reported with the source ``conversation``). The other
+   conversation's session is only read, never continued.
+
+Rules 1–3 find ``S`` only when ``S`` is its *only* candidate (among several, those with the request's
 ``prompt_cache_key`` count): two conversations that open alike and were answered alike both
 match, and the request then continues neither. Equally likely means a
 new session, never a wrong one. A hint never joins two conversations: a session whose
@@ -67,6 +74,7 @@ from leyline_sdk.render.incremental import Snapshot
 from leyline_sdk.render.rendering import normalize_messages
 from leyline_server.api.errors import APIError
 from leyline_server.api.render import BoundedChat, RenderService, message_digests
+from leyline_server.api.reuse import Reuse, best_reuse
 from leyline_server.engines.values import Handle, SpliceRequest
 from leyline_server.sessions import Session, SessionStore
 
@@ -149,7 +157,8 @@ class RecognisedTurn:
     state: ConversationState | None = None  # the session's state when it was matched
     reply_proven: bool = False  # matched by the session's own reply (rule 1)
     splice: bool = True  # False: continued exactly, nothing spliced
-    sources: list[str] = field(default_factory=list)  # who made each directive ("template", "client")
+    sources: list[str] = field(default_factory=list)  # who made each directive ("template", "client", ...)
+    reuse: Reuse | None = None  # rule 4: open the new session on another conversation's tokens
 
 
 class Prompt(NamedTuple):
@@ -200,7 +209,17 @@ class Conversations:
         transcript = Transcript(msgs, tools, rendered)
         turn = RecognisedTurn(list(rendered.tokens), transcript, snapshot, hints, digests[-1], client_mode)
         turn.session, turn.state, turn.reply_proven, turn.splice = session, state, proven, splice
+        if session is None and splice and client_mode is Mode.AMORTIZE:
+            turn.reuse = best_reuse(self._cached_paths(owner), turn.tokens)
         return turn
+
+    def _cached_paths(self, owner: str | None) -> list[list[int]]:
+        """The exact cached tokens of ``owner``'s conversations (rule 4's candidates)."""
+        return [
+            s.tokens[: min(s.handle.exact, s.handle.cached)]
+            for s in self.sessions.owned_by(owner)
+            if isinstance(s.auto, ConversationState) and s.handle is not None
+        ]
 
     def _match(
         self, owner: str | None, msgs: list[dict[str, Any]], hints: Mapping[str, str], digests: list[str]
@@ -256,6 +275,11 @@ class Conversations:
         """The edits between ``session``'s base and the prompt (``None``: it extends the base)."""
         base, prompt, state = session.tokens, turn.tokens, turn.state
         turn.sources = []
+        if state is None and turn.reuse is not None:  # rule 4: a new session opened on turn.reuse.base
+            if not turn.splice or tuple(base) != turn.reuse.base:
+                return None
+            turn.sources = ["conversation"] * len(turn.reuse.directives)
+            return SpliceRequest(list(turn.reuse.directives), prompt=prompt)
         if not turn.splice or state is None or not base or prompt[: len(base)] == base:
             return None
 

@@ -23,20 +23,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from leyline_sdk.core.directives import Directive, Mode
+from leyline_sdk.core.directives import Mode
 from leyline_sdk.core.fallbacks import FallbackCode
-from leyline_sdk.core.wire import BaseRef, FallbackInfo, LeylineRequest
+from leyline_sdk.core.wire import FallbackInfo, LeylineRequest
 from leyline_server.api.admission import Admission, Ticket
 from leyline_server.api.compiles import CompileGate
 from leyline_server.api.config import ServerConfig
 from leyline_server.api.conversations import Conversations, Prompt, RecognisedTurn
 from leyline_server.api.errors import APIError
-from leyline_server.api.limits import check_directives, check_tokens, overflow, result_length
+from leyline_server.api.limits import overflow
 from leyline_server.api.metrics import Metrics
 from leyline_server.api.render import PromptShape, RenderService
 from leyline_server.api.room import Room
 from leyline_server.api.session_choice import splice_request
-from leyline_server.blocks import Block, BlockStore
+from leyline_server.api.session_ops import SessionOps
+from leyline_server.blocks import BlockStore
 from leyline_server.engines.base import Engine
 from leyline_server.engines.values import (
     CacheScope,
@@ -48,8 +49,8 @@ from leyline_server.engines.values import (
     kept_on_cancel,
 )
 from leyline_server.sessions import Session, SessionStore
-from leyline_server.splice import SpliceError, SpliceReport, strict_status, validate
-from leyline_server.splice.report import Fallback, Refused
+from leyline_server.splice import SpliceError, validate
+from leyline_server.splice.report import Refused
 
 __all__ = ["ServerConfig", "LeylineService", "ChatTurn", "SessionPlan", "Prompt"]
 
@@ -78,8 +79,9 @@ class ChatTurn:
     timings: dict[str, float] = field(default_factory=dict)  # where the time to the first token went (ms)
 
 
-class LeylineService:
-    """Everything the HTTP routes do, minus HTTP."""
+class LeylineService(SessionOps):
+    """Everything the HTTP routes do, minus HTTP (the sessions and blocks routes' part in
+    :class:`~leyline_server.api.session_ops.SessionOps`)."""
 
     def __init__(self, engine: Engine, tokenizer: Any, config: ServerConfig) -> None:
         self.engine = engine
@@ -125,17 +127,6 @@ class LeylineService:
             raise APIError(
                 404, "model_not_found", f"the model {name!r} does not exist; served: {list(self.config.names)}", "model"
             )
-
-    def _record(self, report: SpliceReport | None) -> None:
-        if report is None:
-            return
-        fb = report.fallback
-        self.metrics.splices.labels("fallback" if fb else "applied", fb.code.value if fb else "").inc()
-        self.metrics.splice_ms.observe(report.splice_ms)
-
-    def _splice_error(self, exc: SpliceError, param: str) -> APIError:
-        self.metrics.splices.labels("error", exc.code.value).inc()
-        return APIError(strict_status(exc.code), exc.code.value, exc.message, param)
 
     # -- chat ---------------------------------------------------------------------------------------
     async def prompt(
@@ -242,6 +233,8 @@ class LeylineService:
         if ext is None:
             assert prompt.auto is not None
             recognised = prompt.auto
+            if session.handle is None and recognised.reuse is not None:
+                session.handle = await self._open_reused(session, recognised.reuse.base)
             return (await self.conversations.splice_request(session, recognised) if session.handle else None), None
         self.conversations.forget(session)  # a client's own splices: no longer a plain client's conversation
         if session.handle is not None:
@@ -294,112 +287,13 @@ class LeylineService:
         info = FallbackInfo(code=fb.code.value, message=fb.message) if fb else None
         return ChatTurn(turn, session, info)
 
-    # -- sessions and blocks ------------------------------------------------------------------------
-    async def open_session(self, owner: str | None, tokens: list[int], ticket: Ticket) -> Session:
-        """Prefill ``tokens`` and open a session on them."""
-        if not tokens:
-            raise APIError(400, "empty_session", "a session needs at least one token", "tokens")
-        check_tokens(tokens, self.engine.info.vocab_size, self.context_tokens, "tokens")
-        await self.room.reserve(ticket, len(tokens))
-        session = self.sessions.open(owner, self.salt(owner))
-        async with self.sessions.use(session):
-
-            async def attempt(_: bool) -> Handle:
-                return await self.engine.open(tokens, session.scope, owner)
-
-            try:
-                session.handle = await self.room.retry(attempt, len(tokens), keep=session)
-            except BaseException:
-                self.sessions.drop(session)
-                raise
-        return session
-
-    def get_session(self, session_id: str, owner: str | None) -> Session:
-        """The caller's session or 404 (also for another key's session)."""
-        session = self.sessions.get(session_id, owner)
-        if session is None:
-            raise APIError(
-                404, FallbackCode.SESSION_NOT_FOUND.value, f"unknown or expired session {session_id!r}", "session_id"
-            )
-        return session
-
-    async def splice_session(
-        self,
-        session_id: str,
-        owner: str | None,
-        directives: list[Directive],
-        base: BaseRef | None,
-        strict: bool,
-        ticket: Ticket,
-    ) -> tuple[Session, SpliceReport]:
-        """Splice a session without generating; a result longer than the context is not applied
-        (422 when strict), like any other directive that cannot apply."""
-        check_directives(self.config, directives, "directives")
-        session = self.get_session(session_id, owner)
-        async with self.sessions.use(session):
-            if session.handle is None:
-                raise APIError(
-                    404, FallbackCode.SESSION_NOT_FOUND.value, f"session {session_id!r} holds no cache", "session_id"
-                )
-            self.conversations.forget(session)
-            with self.blocks.using((d.block for d in directives), owner) as blocks:
-                report = await self._splice_held(session, directives, base, strict, ticket, blocks)
-        self._record(report)
-        self.metrics.record_tokens(report.reused_tokens, report.rotated_tokens, report.prefilled_tokens, 0)
-        return session, report
-
-    async def _splice_held(
-        self,
-        session: Session,
-        directives: list[Directive],
-        base: BaseRef | None,
-        strict: bool,
-        ticket: Ticket,
-        blocks: Mapping[str, Handle],
-    ) -> SpliceReport:
-        """The splice of a session the caller holds, with the blocks it names held too."""
-        length = len(session.tokens)
-        too_long = overflow(length, directives, blocks, self.context_tokens)
-        if too_long is not None:
-            i, message = too_long
-            if strict:
-                raise self._splice_error(SpliceError(FallbackCode.CONTEXT_LENGTH, message), f"directives.{i}")
-            return SpliceReport(applied=False, fallback=Fallback(code=FallbackCode.CONTEXT_LENGTH, message=message))
-        await self.room.reserve(ticket, length + (result_length(length, directives, blocks) or 0))
-        handle, session.handle = session.handle, None
-        assert handle is not None
-        ref = (base.length, base.digest) if base else (None, None)
-        request = SpliceRequest(directives, ref[0], ref[1], strict, blocks=blocks)
+    async def _open_reused(self, session: Session, base: Sequence[int]) -> Handle | None:
+        """A new session's base opened on another conversation's cached tokens (conversation rule 4);
+        ``None`` when the pool has no room for it (the turn is then prefilled as usual)."""
         try:
-            session.handle, report = await self.engine.splice(handle, request)
-        except SpliceError as exc:
-            session.handle = handle
-            raise self._splice_error(exc, "directives") from exc
-        except CapacityError as exc:
-            self.sessions.drop(session)
-            raise APIError(503, FallbackCode.CAPACITY.value, str(exc)) from exc
-        return report
-
-    async def open_block(self, owner: str | None, tokens: list[int], ticket: Ticket) -> Block:
-        """Prefill ``tokens`` alone at positions ``[0, n)`` and keep them as a block."""
-        if not tokens:
-            raise APIError(400, "empty_block", "a block needs at least one token", "tokens")
-        check_tokens(tokens, self.engine.info.vocab_size, self.context_tokens, "tokens")
-        await self.room.reserve(ticket, len(tokens))
-        block_id = self.blocks.new_id()
-        scope = CacheScope(self.salt(owner), f"block:{block_id}")
-
-        async def attempt(_: bool) -> Handle:
-            return await self.engine.open(tokens, scope, owner)
-
-        return self.blocks.add(block_id, owner, await self.room.retry(attempt, len(tokens), keep=None))
-
-    def get_block(self, block_id: str, owner: str | None) -> Block:
-        """The caller's block or 404 (also for another key's block)."""
-        block = self.blocks.get(block_id, owner)
-        if block is None:
-            raise APIError(404, "block_not_found", f"unknown block {block_id!r}", "block_id")
-        return block
+            return await self.engine.open(base, session.scope, session.owner)
+        except CapacityError:
+            return None
 
     async def shutdown(self) -> None:
         """Release every session and block and stop the engine and the render threads."""
