@@ -88,3 +88,27 @@ def first_turn(answer: Any) -> list[dict[str, str]]:
         {"role": "user", "content": "List the files."},
         {"role": "assistant", "content": answer.choices[0].message.content},
     ]
+
+
+def test_another_users_conversation_is_never_reused():
+    """The moved rows were computed next to the other conversation's span: a request naming another
+    ``user`` (or none, where the cached one named one) gets the exact prefix cache alone."""
+    with running_server(service()) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        first = [system("/home/ada/alpha"), {"role": "user", "content": "List the files."}]
+        client.chat.completions.create(
+            model=MODEL, messages=first, temperature=0, max_tokens=4, user="ada", extra_headers=OPT_IN
+        )
+        for user in ("bob", None):
+            second = [system(f"/tmp/{user}-7"), {"role": "user", "content": "Open the tests."}]
+            extra = {"user": user} if user else {}
+            answer = client.chat.completions.create(
+                model=MODEL, messages=second, temperature=0, max_tokens=4, extra_headers=OPT_IN, **extra
+            )
+            assert answer.leyline["sources"] == [] and answer.leyline["rotated_tokens"] == 0, user
+            assert answer.leyline["approximate_tokens"] == 0
+        same = [system("/tmp/ada-9"), {"role": "user", "content": "Open the docs."}]
+        answer = client.chat.completions.create(
+            model=MODEL, messages=same, temperature=0, max_tokens=4, user="ada", extra_headers=OPT_IN
+        )
+        assert answer.leyline["sources"] == ["conversation"]  # the same user's other conversation

@@ -109,6 +109,7 @@ def client_edits_mode(header: str | None, server_default: bool) -> Mode | None:
 
 HINTS = ("prompt_cache_key", "user", "safety_identifier")
 CONVERSATION_KEY = "prompt_cache_key"
+PEOPLE = ("user", "safety_identifier")  # hints naming who, not which conversation
 
 
 def hints_of(req: Any) -> dict[str, str]:
@@ -210,15 +211,19 @@ class Conversations:
         turn = RecognisedTurn(list(rendered.tokens), transcript, snapshot, hints, digests[-1], client_mode)
         turn.session, turn.state, turn.reply_proven, turn.splice = session, state, proven, splice
         if session is None and splice and client_mode is Mode.AMORTIZE:
-            turn.reuse = best_reuse(self._cached_paths(owner), turn.tokens)
+            turn.reuse = best_reuse(self._cached_paths(owner, hints), turn.tokens)
         return turn
 
-    def _cached_paths(self, owner: str | None) -> list[list[int]]:
-        """The exact cached tokens of ``owner``'s conversations (rule 4's candidates)."""
+    def _cached_paths(self, owner: str | None, hints: Mapping[str, str]) -> list[list[int]]:
+        """The exact cached tokens of ``owner``'s conversations (rule 4's candidates): any
+        conversation of the key whose ``user`` and ``safety_identifier`` are the request's (both
+        absent, or equal): the moved rows were computed next to the other conversation's spans."""
         return [
             s.tokens[: min(s.handle.exact, s.handle.cached)]
             for s in self.sessions.owned_by(owner)
-            if isinstance(s.auto, ConversationState) and s.handle is not None
+            if isinstance(s.auto, ConversationState)
+            and s.handle is not None
+            and all(s.auto.hints.get(name) == hints.get(name) for name in PEOPLE)
         ]
 
     def _match(
