@@ -112,3 +112,37 @@ def test_another_users_conversation_is_never_reused():
             model=MODEL, messages=same, temperature=0, max_tokens=4, user="ada", extra_headers=OPT_IN
         )
         assert answer.leyline["sources"] == ["conversation"]  # the same user's other conversation
+
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "exec_command",
+        "description": "Run a shell command.",
+        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
+    },
+}
+
+
+def test_a_side_request_without_tools_leaves_the_conversation_where_it_was():
+    """Codex's compaction: the history plus a summary prompt, sent without tools; then the tools
+    again. The side request gets a session of its own, so the conversation's session still holds
+    its base and the next request with tools continues it, reusing all of it."""
+    headers = OPT_IN
+    with running_server(service()) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        opening = [system("/home/ada/alpha"), {"role": "user", "content": "List the files."}]
+        first = client.chat.completions.create(
+            model=MODEL, messages=opening, tools=[TOOL], temperature=0, max_tokens=8, extra_headers=headers
+        )
+        history = [*opening, {"role": "assistant", "content": first.choices[0].message.content}]
+        summary = [*history, {"role": "user", "content": "Summarize the conversation so far."}]
+        side = ask(client, summary, headers)
+        assert side.leyline["session_id"] != first.leyline["session_id"]
+        assert side.leyline["approximate_tokens"] == 0
+        follow = [*history, {"role": "user", "content": "Now read the README."}]
+        after = client.chat.completions.create(
+            model=MODEL, messages=follow, tools=[TOOL], temperature=0, max_tokens=8, extra_headers=headers
+        )
+        assert after.leyline["session_id"] == first.leyline["session_id"]
+        assert after.leyline["reused_tokens"] >= first.usage.prompt_tokens

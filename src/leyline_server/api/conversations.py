@@ -17,23 +17,23 @@ same key, idle (no request on it), found by the first of these that finds any ca
    replayed trace, a re-serialised one);
 3. **its name** — the request's ``prompt_cache_key`` (Codex sends its session id; the Messages
    adapter maps Claude Code's session there) is ``S``'s, and the two open alike (the messages
-   before the first assistant message).
+   before the first assistant message);
+4. **its neighbour** (only under the opt-in; opens a *new* session) — the prompt differs from the
+   exact cached tokens of one of the key's conversations only in short spans followed by long
+   identical runs (:mod:`leyline_server.api.reuse`): those tokens are reused, the spans spliced.
 
-4. **its neighbour** (only under the opt-in) — none of the above: the request's prompt differs
-   from the exact cached tokens of one of the key's conversations only in short spans (a path
-   or a date inside the system prompt) followed by long identical runs: it gets a *new* session
-   opened on those cached tokens, the spans spliced in ``amortize`` mode
-   (:mod:`leyline_server.api.reuse`; reported with the source ``conversation``). The other
-   conversation's session is only read, never continued.
+Rules 1–3 find ``S`` only when ``S`` is its *only* candidate (among several, those with the
+request's ``prompt_cache_key`` count): two conversations that open alike and were answered alike
+both match, and the request continues neither: a new session, never a wrong one. A hint never
+joins two conversations: a session whose ``prompt_cache_key``, ``user`` or ``safety_identifier``
+differs from the request's is never a candidate (the hints are kept as digests). A request that
+carries only an older reply of ``S`` (a fork, a retry) matches nothing and gets a new session:
+exact KV, the key's prefix cache reusing what it can.
 
-Rules 1–3 find ``S`` only when ``S`` is its *only* candidate (among several, those with the request's
-``prompt_cache_key`` count): two conversations that open alike and were answered alike both
-match, and the request then continues neither. Equally likely means a
-new session, never a wrong one. A hint never joins two conversations: a session whose
-``prompt_cache_key``, ``user`` or ``safety_identifier`` differs from the request's is never a
-candidate (the hints are kept as digests: equal or not is all recognition asks). A request that
-carries only an older reply of ``S`` (a fork, a retry) matches nothing
-and gets a new session: exact KV, the key's prefix cache reusing what it can.
+A request that offers no tools where ``S``'s last one did is a side request, not ``S``'s next
+turn: Codex's compaction asks for its summary that way, then goes on with the tools and a
+rewritten history. It gets a new session, so ``S``'s KV stays as it was for the requests after
+it (an engine that splices in place, llama.cpp, would otherwise move ``S`` on to the summary).
 
 When the reply was not proven (rules 2 and 3), nothing of ``S``'s base from its generated reply
 on is kept: the request's own reply and everything after it are prefilled (exact).
@@ -110,6 +110,7 @@ def client_edits_mode(header: str | None, server_default: bool) -> Mode | None:
 HINTS = ("prompt_cache_key", "user", "safety_identifier")
 CONVERSATION_KEY = "prompt_cache_key"
 PEOPLE = ("user", "safety_identifier")  # hints naming who, not which conversation
+REUSE_CANDIDATES = 32  # rule 4 looks at the key's most recently used conversations only
 
 
 def hints_of(req: Any) -> dict[str, str]:
@@ -201,6 +202,8 @@ class Conversations:
         start = state.snapshot if state else None
         if state is not None and state.private and client_mode is not Mode.AMORTIZE:
             session, state, proven = None, None, False  # its approximate KV is not for this turn: a new session
+        if state is not None and state.transcript.tools and not tools:
+            session, state, proven = None, None, False  # a side request (a summary, a title): a new session
         try:
             rendered, snapshot = await self.render.spans(owner, msgs, tools, True, start)
         except APIError as exc:
@@ -215,16 +218,17 @@ class Conversations:
         return turn
 
     def _cached_paths(self, owner: str | None, hints: Mapping[str, str]) -> list[list[int]]:
-        """The exact cached tokens of ``owner``'s conversations (rule 4's candidates): any
-        conversation of the key whose ``user`` and ``safety_identifier`` are the request's (both
+        """The exact cached tokens of ``owner``'s conversations (rule 4's candidates): any of the
+        key's 32 most recently used conversations whose ``user`` and ``safety_identifier`` are the request's (both
         absent, or equal): the moved rows were computed next to the other conversation's spans."""
-        return [
-            s.tokens[: min(s.handle.exact, s.handle.cached)]
+        candidates = [
+            s
             for s in self.sessions.owned_by(owner)
             if isinstance(s.auto, ConversationState)
             and s.handle is not None
             and all(s.auto.hints.get(name) == hints.get(name) for name in PEOPLE)
         ]
+        return [s.tokens[: min(s.handle.exact, s.handle.cached)] for s in candidates[-REUSE_CANDIDATES:] if s.handle]
 
     def _match(
         self, owner: str | None, msgs: list[dict[str, Any]], hints: Mapping[str, str], digests: list[str]
