@@ -8,11 +8,19 @@ tokens (its system prompt and 24 tools). Step one captures that request as the r
 two posts it, streamed, to a fresh server on ``--model`` (the llama.cpp engine, 32k context) the
 way Claude Code does, twice:
 
-* **cold** — the first conversation on a fresh server: everything is prefilled;
+* **cold** — the first conversation on a fresh server: everything is prefilled (sent with the
+  opt-in below, as a user who set ``ANTHROPIC_CUSTOM_HEADERS`` sends every request: a new
+  conversation's prefill is the same with or without it, and its session is then there to reuse);
 * **new conversation** — the same request with another first prompt and another attribution
   suffix (``x-anthropic-billing-header: cc_version=…``, which Claude Code derives from the first
   prompt): what a user's second ``claude`` run sends. The server drops the attribution line as
   volatile (``docs/messages.md``), so the system prompt and tools come from the cache.
+* **another folder** — a new conversation started in another working directory, which Claude
+  Code names inside its system prompt: the prefix cache stops there and the rest (most of the
+  system prompt's end and the tools) is prefilled;
+* **another folder, opt-in** — the same with ``X-Leyline-Client-Edits: amortize``
+  (``ANTHROPIC_CUSTOM_HEADERS``): the new conversation opens on the cached tokens and splices the
+  folder's name (conversation rule 4, ``docs/server.md``); the rest is rotated into place.
 
 Measured on the client: the time to the first byte (the stream's ``message_start``, sent at once
 so Claude Code's 300 s read timeout never fires) and to the first text token, and the prompt
@@ -68,13 +76,22 @@ def another_conversation(body: dict[str, Any]) -> dict[str, Any]:
     return json.loads(text)
 
 
-def measure(url: str, model: str, body: dict[str, Any]) -> dict[str, float]:
+def another_folder(body: dict[str, Any], folder: str) -> dict[str, Any]:
+    """The request as a new conversation (:func:`another_conversation`) in working directory ``folder``."""
+    text = json.dumps(another_conversation(body))
+    cwd = re.search(r"Primary working directory: ([^\\\s]+)", text) or re.search(r"Working directory: ([^\\\s]+)", text)
+    assert cwd, "no working directory in the captured request"
+    return json.loads(text.replace(cwd.group(1), folder))
+
+
+def measure(url: str, model: str, body: dict[str, Any], opt_in: bool = False) -> dict[str, float]:
     """Post ``body`` streamed; seconds to the first byte and the first text token, tokens read from cache."""
     body = {**body, "model": model, "stream": True, "max_tokens": 8, "temperature": 0}
     start = time.perf_counter()
     first_byte = first_token = None
     usage: dict[str, Any] = {}
-    with httpx.stream("POST", url + "/v1/messages", json=body, timeout=3600, headers={"x-api-key": "x"}) as r:
+    headers = {"x-api-key": "x", **({"X-Leyline-Client-Edits": "amortize"} if opt_in else {})}
+    with httpx.stream("POST", url + "/v1/messages", json=body, timeout=3600, headers=headers) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             first_byte = first_byte or time.perf_counter() - start
@@ -99,9 +116,13 @@ def main() -> None:
     print(f"captured Claude Code's first request: {len(json.dumps(body)):,} bytes, {len(body.get('tools', []))} tools")
     service = local_service(args.model, engine="llamacpp", kv_budget_mb=1024, max_context_tokens=32768)
     with serve_in_thread(service) as url:
-        rows = [("cold (first conversation)", measure(url, args.model, body)),
+        rows = [("cold (first conversation, opt-in)", measure(url, args.model, body, opt_in=True)),
                 ("new conversation (another prompt and attribution suffix)",
-                 measure(url, args.model, another_conversation(body)))]  # fmt: skip
+                 measure(url, args.model, another_conversation(body))),
+                ("another folder (a new conversation elsewhere)",
+                 measure(url, args.model, another_folder(body, "/home/user/projects/beta"))),
+                ("another folder, opt-in (`X-Leyline-Client-Edits: amortize`)",
+                 measure(url, args.model, another_folder(body, "/srv/work/gamma-2"), opt_in=True))]  # fmt: skip
     lines = [f"<!-- .venv/bin/python benchmarks/bench_claude_code_first.py --model {args.model} -->",
              "| request | prompt tokens | read from cache | first byte | first token |",
              "| --- | --- | --- | --- | --- |"]  # fmt: skip

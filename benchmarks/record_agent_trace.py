@@ -4,13 +4,15 @@
         [--out benchmarks/traces/codex_session.jsonl]
 
 Codex 0.171.0 (``make agents``) against a server on ``--model`` (the llama.cpp engine, 32k
-context, greedy), in a scratch folder holding a small Python project, given five prompts one after
-another (``codex exec``, then ``codex exec resume --last``), with the short instructions the
-agent tests use (``tests/agents/test_codex_tasks.py``) and ``model_auto_compact_token_limit`` set
-low, so that Codex rewrites its own history mid-session: it asks the model for a summary, then
-continues from the recent user messages plus that summary (its local compaction; PROTOCOLS of
-Codex against a provider that is not OpenAI's). Every ``/v1/responses`` body is written, in
-order, one JSON object per line; ``bench_trace_replay.py`` replays them.
+context, greedy), in a scratch folder holding a small Python project and a server log, given six
+prompts one after another (``codex exec``, then ``codex exec resume --last``), with the short
+instructions the agent tests use (``tests/agents/test_codex_tasks.py``) and
+``model_auto_compact_token_limit`` set low. The first prompt has Codex ``cat`` the log (~1k
+tokens of output), which takes the context past the limit, so Codex rewrites its own history
+mid-session: it asks the model for a summary, then continues from the recent user messages plus
+that summary (its local compaction; PROTOCOLS of Codex against a provider that is not OpenAI's).
+Every ``/v1/responses`` body is written, in order, one JSON object per line;
+``bench_trace_replay.py`` replays them.
 """
 
 from __future__ import annotations
@@ -33,12 +35,19 @@ from tests.agents.clients import RefusingProxy, codex  # noqa: E402
 from tests.agents.test_codex_tasks import INSTRUCTIONS  # noqa: E402
 
 COMPACT_AT = 5800  # tokens: past it Codex compacts its history (its first request holds ~5.2k)
+LOG = "".join(
+    f"2026-12-07T10:{i // 60:02d}:{i % 60:02d} {'ERROR' if i == 41 else 'INFO'} request {1000 + i} "
+    f"{'failed: disk full on /var/data' if i == 41 else 'served in ' + str(20 + i % 13) + ' ms'}\n"
+    for i in range(72)
+)  # ~1.6k tokens: one long tool output, the kind an agent compacts away
 PROJECT = {
+    "server.log": LOG,
     "calc.py": "def answer():\n    return 6 * 1000 + 1351\n\n\nprint(answer())\n",
     "notes.txt": "The release is planned for March. The owner is Dana.\n",
     "greet.py": "import sys\n\nprint('hello', sys.argv[1] if len(sys.argv) > 1 else 'world')\n",
 }
 PROMPTS = [
+    "Run `cat server.log` and tell me which request failed, and why.",
     "Run `python calc.py` and tell me the number it prints.",
     "Now show me what notes.txt says.",
     "Run `python greet.py Ada` and tell me what it printed.",
