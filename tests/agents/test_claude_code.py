@@ -55,10 +55,8 @@ def test_claude_p_answers_with_the_models_reply(served, proxy: RefusingProxy, tm
     assert proxy.attempts == [], proxy.attempts  # nothing tried to leave but through the refusing proxy
 
 
-def test_a_new_conversation_reuses_the_last_ones_system_prompt_and_tools(proxy: RefusingProxy, tmp_path):
-    """Two ``claude -p`` conversations with different first prompts, one folder: Claude Code's
-    attribution line (its suffix differs) is dropped as volatile, so the second conversation's first
-    request reuses ≥ 95 % of what the two prompts share (their system prompt and tools)."""
+def recording_prompts() -> tuple[Any, list[list[int]]]:
+    """A service on the tiny long-context preset, and the prompt tokens of every request it renders."""
     service = make_service(MODEL, engine="llamacpp", kv_budget_mb=512, max_context_tokens=65536)
     prompts: list[list[int]] = []
     original = service.prompt
@@ -68,7 +66,15 @@ def test_a_new_conversation_reuses_the_last_ones_system_prompt_and_tools(proxy: 
         prompts.append(list(prompt.tokens))
         return prompt
 
-    service.prompt = recording  # type: ignore[method-assign]
+    service.prompt = recording
+    return service, prompts
+
+
+def test_a_new_conversation_reuses_the_last_ones_system_prompt_and_tools(proxy: RefusingProxy, tmp_path):
+    """Two ``claude -p`` conversations with different first prompts, one folder: Claude Code's
+    attribution line (its suffix differs) is dropped as volatile, so the second conversation's first
+    request reuses ≥ 95 % of what the two prompts share (their system prompt and tools)."""
+    service, prompts = recording_prompts()
     with messages_answered() as answers, running_server(service) as url:
         first = claude(tmp_path, url, MODEL, "Say hello.", proxy, max_output=32, tools=["Read"])
         marks = len(prompts), len(answers)
@@ -88,16 +94,7 @@ def test_a_conversation_in_another_folder_reuses_past_its_path_under_the_opt_in(
     first's cached tokens and splices the path (conversation rule 4): its first request reads ≥ 95 %
     of the tokens the two prompts share from the cache (the shared runs counted by ``difflib``),
     reported as the source ``conversation``, where the prefix cache alone stops at the path."""
-    service = make_service(MODEL, engine="llamacpp", kv_budget_mb=512, max_context_tokens=65536)
-    prompts: list[list[int]] = []
-    original = service.prompt
-
-    async def recording(*args: Any, **kwargs: Any) -> Any:
-        prompt = await original(*args, **kwargs)
-        prompts.append(list(prompt.tokens))
-        return prompt
-
-    service.prompt = recording  # type: ignore[method-assign]
+    service, prompts = recording_prompts()
     opt_in = {"X-Leyline-Client-Edits": "amortize"}
     with messages_answered() as answers, running_server(service) as url:
         first = claude(tmp_path / "alpha", url, MODEL, "Say hello.", proxy, 32, opt_in, tools=["Read"])
