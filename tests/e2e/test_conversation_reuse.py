@@ -28,8 +28,8 @@ def system(path: str) -> dict[str, str]:
     return {"role": "system", "content": f"You are a coding agent.\nWorking directory: {path}\n{RULES}"}
 
 
-def service() -> Any:
-    return make_service(MODEL, layers=1, kv_budget_mb=32)
+def service(engine: str = "embedded") -> Any:
+    return make_service(MODEL, layers=1, kv_budget_mb=32, engine=engine)
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +45,10 @@ def ask(client: openai.OpenAI, messages: list[dict[str, Any]], headers: dict[str
     )
 
 
-def test_a_second_conversation_reuses_the_first_past_its_path_only_under_the_opt_in(fresh):
-    with running_server(service()) as url:
+@pytest.mark.parametrize("engine", ["embedded", "llamacpp"])
+def test_a_second_conversation_reuses_the_first_past_its_path_only_under_the_opt_in(fresh, engine):
+    """On llama.cpp the splice moves cells in place: the first conversation's cells must stay its own."""
+    with running_server(service(engine)) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
         first = ask(client, [system("/home/ada/alpha"), {"role": "user", "content": "List the files."}], OPT_IN)
         assert first.leyline["rotated_tokens"] == 0
