@@ -218,17 +218,17 @@ class Conversations:
         return turn
 
     def _cached_paths(self, owner: str | None, hints: Mapping[str, str]) -> list[list[int]]:
-        """The exact cached tokens of ``owner``'s conversations (rule 4's candidates): any of the
-        key's 32 most recently used conversations whose ``user`` and ``safety_identifier`` are the request's (both
-        absent, or equal): the moved rows were computed next to the other conversation's spans."""
-        candidates = [
-            s
+        """The exact cached tokens of the key's 32 most recently used conversations whose ``user``
+        and ``safety_identifier`` are the request's (rule 4's candidates: the moved rows were
+        computed next to the other conversation's spans)."""
+        handles = [
+            s.handle
             for s in self.sessions.owned_by(owner)
             if isinstance(s.auto, ConversationState)
             and s.handle is not None
             and all(s.auto.hints.get(name) == hints.get(name) for name in PEOPLE)
         ]
-        return [s.tokens[: min(s.handle.exact, s.handle.cached)] for s in candidates[-REUSE_CANDIDATES:] if s.handle]
+        return [list(h.tokens[: min(h.exact, h.cached)]) for h in handles[-REUSE_CANDIDATES:] if h is not None]
 
     def _match(
         self, owner: str | None, msgs: list[dict[str, Any]], hints: Mapping[str, str], digests: list[str]
@@ -285,7 +285,7 @@ class Conversations:
         base, prompt, state = session.tokens, turn.tokens, turn.state
         turn.sources = []
         if state is None and turn.reuse is not None:  # rule 4: a new session opened on turn.reuse.base
-            if not turn.splice or tuple(base) != turn.reuse.base:
+            if tuple(base) != turn.reuse.base:  # (set only when the turn splices)
                 return None
             turn.sources = ["conversation"] * len(turn.reuse.directives)
             return SpliceRequest(list(turn.reuse.directives), prompt=prompt)
