@@ -21,6 +21,7 @@ from leyline_server.api import blocks_routes, chat_routes, info_routes, leyline_
 from leyline_server.api.deps import Owner, Service
 from leyline_server.api.errors import install_error_handlers
 from leyline_server.api.guard import Guard
+from leyline_server.api.heap import freeze_startup_heap, thaw_startup_heap
 from leyline_server.api.messages_api import routes as messages_routes
 from leyline_server.api.pipeline import ChatPipeline
 from leyline_server.api.responses_api import routes as responses_routes
@@ -70,8 +71,12 @@ def create_app(service: LeylineService) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        yield
-        await service.shutdown()
+        freeze_startup_heap()
+        try:
+            yield
+            await service.shutdown()
+        finally:
+            thaw_startup_heap()
 
     app = FastAPI(title="Leyline", version="0.2.0", lifespan=lifespan)
     app.state.service = service
