@@ -21,6 +21,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from leyline_sdk.core.directives import Directive, Mode, apply, check, digest, position_map
+from leyline_sdk.core.errors import DirectiveError, ItemError, LeylineError, RenderError
 from leyline_sdk.explain.diff import diff_to_directives
 from leyline_sdk.render.incremental import IncrementalRenderer
 from leyline_sdk.render.rendering import ChatTokenizer, HFChatTokenizer, RenderedConversation
@@ -48,6 +49,10 @@ __all__ = [
     "TurnStats",
     "Block",
     "Blocks",
+    "LeylineError",
+    "DirectiveError",
+    "RenderError",
+    "ItemError",
     "SpliceFallbackError",
     "Directive",
     "Mode",

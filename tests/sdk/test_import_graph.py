@@ -156,6 +156,23 @@ def test_only_the_client_layer_imports_openai_and_nothing_imports_policies_from_
         assert not any(n == "leyline_policies" or n.startswith("leyline_policies.") for n in names)
 
 
+def private_openai(names: set[str]) -> set[str]:
+    """The names in ``names`` that reach into openai's private modules (``openai._utils``, ``openai._compat``…)."""
+    return {n for n in names if n.startswith("openai.") and any(part.startswith("_") for part in n.split(".")[1:])}
+
+
+def test_the_private_module_check_finds_one():
+    assert private_openai({"openai", "openai.types.chat", "openai._utils.maybe_transform"}) == {
+        "openai._utils.maybe_transform"
+    }
+
+
+@pytest.mark.parametrize("module", sorted(MODULES), ids=str)
+def test_nothing_imports_openais_private_modules(module):
+    """openai-python's underscored modules change without notice; the SDK stays on its public surface."""
+    assert not private_openai(imported_names(module, MODULES[module])), module
+
+
 @pytest.mark.parametrize(
     "module", sorted(m for m in MODULES if m.startswith(("leyline_server", "leyline_policies"))), ids=str
 )

@@ -32,13 +32,15 @@ MESSAGES: list[dict[str, Any]] = [
     {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]},  # a pydantic object inside a dict
     {"role": "tool", "tool_call_id": "c9", "content": "x = 1", "name": openai.omit},  # an omitted field
     {"role": "user", "content": "done?", "name": "ann"},
+    {"role": "user", "content": ({"type": "text", "text": "a tuple of parts"},)},  # an iterable, not a list
+    {"role": "assistant", "content": "ok", "refusal": None, "audio": openai.NOT_GIVEN},  # null kept, not-given dropped
 ]
 
 
 def test_wire_messages_are_openais_transform_of_them():
     expected = maybe_transform(MESSAGES, Iterable[ChatCompletionMessageParam])
     assert wire_messages([dict(m) for m in MESSAGES]) == expected
-    assert expected[-3]["tool_calls"][0] == TOOL_CALL.model_dump(mode="json") and "name" not in expected[-2]
+    assert expected[-5]["tool_calls"][0] == TOOL_CALL.model_dump(mode="json") and "name" not in expected[-4]
 
 
 def recording_app(bodies: list[bytes]) -> Any:

@@ -13,8 +13,9 @@ body merge puts them back in place, so the request's JSON is the one openai woul
 openai's argument transform walks every message against its ``TypedDict``s (~80 ms at 500
 messages), and for chat messages it is the identity on plain JSON values — the message types
 carry no aliases or formats. :func:`wire_messages` gives each message exactly what the transform
-gives it: itself when it is plain JSON, openai's transform of it otherwise (a pydantic object or
-``omit`` inside); the session keeps (and matches, renders and edits) the messages in that form.
+gives it: itself when it is plain JSON, otherwise what openai's transform makes of it (a pydantic
+object or ``omit`` inside), computed here without openai's private modules; the session keeps
+(and matches, renders and edits) the messages in that form.
 ``tests/sdk/test_wire_messages.py`` holds this against openai's own transform and request body.
 
 Both entry points — ``create``'s keyword arguments (:func:`prepare_call`) and a raw
@@ -25,12 +26,11 @@ each into its own containers. The answer is read in :mod:`leyline_sdk.client.ans
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, cast
 
 import openai
-from openai._utils import maybe_transform
-from openai.types.chat import ChatCompletionMessageParam
+import pydantic
 
 from leyline_sdk.client.answers import Call
 from leyline_sdk.client.registry import ClientState
@@ -90,9 +90,23 @@ def _plain(value: Any) -> bool:
     return False
 
 
+def _wire(value: Any) -> Any:
+    """What openai's transform makes of a chat message's value: omitted keys dropped, a pydantic
+    object dumped as openai dumps it (set fields, JSON mode), any other iterable a list."""
+    if isinstance(value, _SCALARS):
+        return value
+    if isinstance(value, Mapping):
+        return {k: _wire(v) for k, v in value.items() if given(v) or v is None}
+    if isinstance(value, pydantic.BaseModel):
+        return value.model_dump(exclude_unset=True, mode="json", exclude=getattr(value, "__api_exclude__", None))
+    if isinstance(value, Iterable) and not isinstance(value, bytes | bytearray):
+        return [_wire(v) for v in value]
+    return value
+
+
 def wire_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The messages as openai's argument transform sends them (see the module docstring)."""
-    return [m if _plain(m) else cast(dict[str, Any], maybe_transform(m, ChatCompletionMessageParam)) for m in messages]
+    return [m if _plain(m) else cast(dict[str, Any], _wire(m)) for m in messages]
 
 
 async def prepare_call(

@@ -53,10 +53,10 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping, Sequence
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import openai
-from openai._compat import cached_property
 
 from leyline_sdk.client.completions import AsyncLeylineChat, LeylineChat
 from leyline_sdk.client.options import LeylineOptions, connection

@@ -14,10 +14,10 @@ For type checkers ``create`` and ``parse`` keep openai's signatures and overload
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import openai
-from openai._compat import cached_property
 from openai.resources.chat import AsyncChat, Chat
 from openai.resources.chat.completions import AsyncCompletions, Completions
 

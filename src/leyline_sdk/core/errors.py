@@ -10,18 +10,20 @@ Leyline adds::
     LeylineError
      ├── DirectiveError (also a ValueError)    directives that cannot apply to a base
      ├── RenderError    (also a ValueError)    a conversation the chat template cannot render
+     ├── ItemError      (also a ValueError)    a Responses item or tool that cannot be a chat message
      └── SpliceFallbackError (also an openai.OpenAIError)
                                                strict session: the edit could not be spliced as asked
 
 ``SpliceFallbackError`` lives in the client layer (:mod:`leyline_sdk.client.fallback`: it
 subclasses openai's base error, so ``except openai.OpenAIError`` catches it) and is importable as
 ``leyline_sdk.SpliceFallbackError``; this module, used by the server and the policies, does not
-import openai.
+import openai. Every one of them is importable from the package root (``from leyline_sdk import
+LeylineError``).
 """
 
 from __future__ import annotations
 
-__all__ = ["LeylineError", "DirectiveError", "RenderError"]
+__all__ = ["LeylineError", "DirectiveError", "RenderError", "ItemError"]
 
 
 class LeylineError(Exception):
@@ -43,3 +45,12 @@ class DirectiveError(LeylineError, ValueError):
 
 class RenderError(LeylineError, ValueError):
     """The chat template could not render a conversation (bad roles, missing fields, ...)."""
+
+
+class ItemError(LeylineError, ValueError):
+    """A Responses item or tool that cannot be a chat message (``param`` names it, ``code`` says why,
+    ``status`` is the HTTP status a server answers with)."""
+
+    def __init__(self, message: str, param: str, code: str = "invalid_request", status: int = 400) -> None:
+        super().__init__(message)
+        self.message, self.param, self.code, self.status = message, param, code, status

@@ -38,7 +38,7 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from leyline_sdk.core.errors import LeylineError
+from leyline_sdk.core.errors import ItemError
 from leyline_sdk.core.fallbacks import FallbackCode
 
 __all__ = [
@@ -52,15 +52,6 @@ __all__ = [
     "to_messages",
     "unseal",
 ]
-
-
-class ItemError(LeylineError, ValueError):
-    """An item or a tool that cannot be a chat message (``param`` names it, ``code`` says why,
-    ``status`` is the HTTP status a server answers with)."""
-
-    def __init__(self, message: str, param: str, code: str = "invalid_request", status: int = 400) -> None:
-        super().__init__(message)
-        self.message, self.param, self.code, self.status = message, param, code, status
 
 
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal", "summary_text", "reasoning_text")
