@@ -94,7 +94,7 @@ async def _edit_turn(engine: Any, downstream: int, mode: str, rng: random.Random
         "conversation_expected": len(first.prompt) + REPLY - 1,  # the last reply token has no KV yet
         "ttft_ms": ((token_at or time.perf_counter()) - started) * 1e3,
         "applied": bool(report and report.applied),
-        "fallback": report.fallback.code.value if report and report.fallback else None,
+        "fallback": report.fallback.code if report and report.fallback else None,
         "canary": report.canary if report else "skipped",
         "splice_ms": report.splice_ms if report else 0.0,
         "rotated": report.rotated_tokens if report else 0,

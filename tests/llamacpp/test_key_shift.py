@@ -135,7 +135,7 @@ def test_moved_cells_that_cannot_land_fall_back_cleanly(tiny1, strict):
         assert max_diff(logits, fresh_logits(tiny1, BASE + QUERY)) < 1e-4
     else:
         handle, report = run_splice(eng, handle, directives)
-        assert report.fallback is not None and report.fallback.code is FallbackCode.CAPACITY
+        assert report.fallback is not None and report.fallback.code == FallbackCode.CAPACITY
         eng.ctx.state_set = real_set
         eng.check(handle)
         logits = prefill(eng, new + QUERY, previous=handle)[1]

@@ -132,7 +132,7 @@ def test_capacity_fallback_when_unsharing_does_not_fit(tiny1):
     a = prefill(eng, BASE[:100] + list(range(300, 400)), scope=A)[0]  # shares [0, 100) with b: 200 cells
     directives = [Directive(start=5, end=150)]  # moving [150, 200) means copying a's shared cells first
     a2, report = run_splice(eng, a, directives)
-    assert report.fallback is not None and report.fallback.code is FallbackCode.CAPACITY
+    assert report.fallback is not None and report.fallback.code == FallbackCode.CAPACITY
     new = apply(a.tokens, directives)
     assert a2.tokens == new and a2.cached == len(new)  # served as a forget, which fits
     eng.check(a2)

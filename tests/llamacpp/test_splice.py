@@ -140,7 +140,7 @@ def test_drift_budget_and_canary_fallbacks_give_the_fresh_result(tiny1):
         eng = engine(tiny1)
         tweak(eng)
         handle, report = run_splice(eng, prefill(eng, BASE)[0], directives)
-        assert report.fallback is not None and report.fallback.code is code, report
+        assert report.fallback is not None and report.fallback.code == code, report
         assert not report.applied and report.rotated_tokens == 0 and handle.tokens == new
         eng.check(handle)
         logits = prefill(eng, new + QUERY, previous=handle)[1]

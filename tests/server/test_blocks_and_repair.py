@@ -67,8 +67,8 @@ def test_an_unknown_block_falls_back_and_the_prompt_is_prefilled():
     pinned, _, _ = prefill(eng, BASE)
     prompt = BASE + BLOCK
     pinned, report = run_splice(eng, pinned, [Directive(start=80, end=80, block="nope")], prompt=prompt)
-    assert report.fallback is not None and report.fallback.code is FallbackCode.SPAN_INVALID
+    assert report.fallback is not None and report.fallback.code == FallbackCode.SPAN_INVALID
     assert "nope" in report.fallback.message and pinned.tokens == prompt
     wrong = [Directive(start=80, end=80, replacement=[1, 2], block="b")]
     pinned2, report = run_splice(eng, prefill(eng, BASE)[0], wrong, blocks={"b": open_block(eng)})
-    assert report.fallback.code is FallbackCode.SPAN_INVALID and "differs" in report.fallback.message
+    assert report.fallback.code == FallbackCode.SPAN_INVALID and "differs" in report.fallback.message

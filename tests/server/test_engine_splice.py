@@ -186,7 +186,7 @@ def test_each_fallback_code_is_produced_and_strict_raises(code):
     eng, directives, kwargs = _provoke(code)
     pinned = _pinned(eng)
     new_pinned, report = run_splice(eng, pinned, directives, **kwargs)
-    assert report.fallback is not None and report.fallback.code is code, report
+    assert report.fallback is not None and report.fallback.code == code, report
     assert not report.applied and report.rotated_tokens == 0
     eng.check_integrity()
     if code is FallbackCode.CAPACITY:
@@ -201,7 +201,7 @@ def test_each_fallback_code_is_produced_and_strict_raises(code):
 def test_fallback_forget_gives_the_fresh_result():
     eng, directives, kwargs = _provoke(FallbackCode.CANARY_FAILED)
     pinned, report = run_splice(eng, _pinned(eng), directives, **kwargs)
-    assert report.fallback.code is FallbackCode.CANARY_FAILED
+    assert report.fallback.code == FallbackCode.CANARY_FAILED
     new = apply(BASE, directives)
     ref_eng, ref_pinned, _ = fresh("tiny-mla", new)
     torch.testing.assert_close(pool_rows(eng, pinned.slots), pool_rows(ref_eng, ref_pinned.slots), rtol=0, atol=1e-5)

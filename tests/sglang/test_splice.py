@@ -170,7 +170,7 @@ def _provoke(code: FallbackCode):
 def test_each_fallback_code_is_produced_and_strict_raises(code):
     rt, be, directives, kwargs = _provoke(code)
     new, report = splice(be, be.prefill(BASE, SCOPE).handle, SpliceRequest(directives, **kwargs))
-    assert report.fallback is not None and report.fallback.code is code, report
+    assert report.fallback is not None and report.fallback.code == code, report
     assert not report.applied and report.rotated_tokens == 0
     rt.check()
     refused = (FallbackCode.BASE_MISMATCH, FallbackCode.SPAN_INVALID, FallbackCode.TOKEN_INVALID,

@@ -65,7 +65,7 @@ class SGLangCacheMachine(RuleBasedStateMachine):
         handle, expected = self.sessions[name]
         directives = data.draw(directive_sets(len(expected)))
         handle, report = splice(self.be, handle, SpliceRequest(directives, base_length=len(expected)))
-        assert report.applied or report.fallback.code.value == "capacity", report
+        assert report.applied or report.fallback.code == "capacity", report
         self.sessions[name] = (handle, apply(expected, directives))
 
     @precondition(lambda self: self.sessions)

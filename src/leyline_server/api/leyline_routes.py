@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from leyline_sdk.core.wire import BaseRef, DirectivesResult, FallbackInfo, SessionInfo
+from leyline_sdk.core.wire import BaseRef, DirectivesResult, SessionInfo
 from leyline_server.api.deps import Owner, Service
 from leyline_server.api.errors import APIError
 from leyline_server.api.schemas import DirectivesRequest, SessionCreateRequest, TokenizeRequest
@@ -91,9 +91,7 @@ async def directives(
         id=session.id,
         base=BaseRef(length=len(session.tokens), digest=session.digest),
         applied=report.applied,
-        fallback=FallbackInfo(code=report.fallback.code.value, message=report.fallback.message)
-        if report.fallback
-        else None,
+        fallback=report.fallback,
         reused_tokens=report.reused_tokens,
         rotated_tokens=report.rotated_tokens,
         prefilled_tokens=report.prefilled_tokens,

@@ -283,9 +283,7 @@ class LeylineService(SessionOps):
         self._record(turn.report)
         reused, rotated, prefilled = turn.counts()
         self.metrics.record_tokens(reused, rotated, prefilled, turn.approximate_tokens)
-        fb = turn.report.fallback if turn.report else None
-        info = FallbackInfo(code=fb.code.value, message=fb.message) if fb else None
-        return ChatTurn(turn, session, info)
+        return ChatTurn(turn, session, turn.report.fallback if turn.report else None)
 
     async def _open_reused(self, session: Session, base: Sequence[int]) -> Handle | None:
         """A new session's base opened on another conversation's cached tokens (conversation rule 4);

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from leyline_sdk.core.directives import Directive
 from leyline_sdk.core.fallbacks import FallbackCode
-from leyline_sdk.core.wire import BaseRef
+from leyline_sdk.core.wire import BaseRef, FallbackInfo
 from leyline_server.api.admission import Ticket
 from leyline_server.api.config import ServerConfig
 from leyline_server.api.conversations import Conversations
@@ -24,7 +24,6 @@ from leyline_server.engines.base import Engine
 from leyline_server.engines.values import CacheScope, CapacityError, Handle, SpliceRequest
 from leyline_server.sessions import Session, SessionStore
 from leyline_server.splice import SpliceError, SpliceReport, strict_status
-from leyline_server.splice.report import Fallback
 
 __all__ = ["SessionOps"]
 
@@ -51,7 +50,7 @@ class SessionOps:
         if report is None:
             return
         fb = report.fallback
-        self.metrics.splices.labels("fallback" if fb else "applied", fb.code.value if fb else "").inc()
+        self.metrics.splices.labels("fallback" if fb else "applied", fb.code if fb else "").inc()
         self.metrics.splice_ms.observe(report.splice_ms)
 
     def _splice_error(self, exc: SpliceError, param: str) -> APIError:
@@ -127,7 +126,7 @@ class SessionOps:
             i, message = too_long
             if strict:
                 raise self._splice_error(SpliceError(FallbackCode.CONTEXT_LENGTH, message), f"directives.{i}")
-            return SpliceReport(applied=False, fallback=Fallback(code=FallbackCode.CONTEXT_LENGTH, message=message))
+            return SpliceReport(applied=False, fallback=FallbackInfo(code=FallbackCode.CONTEXT_LENGTH, message=message))
         await self.room.reserve(ticket, length + (result_length(length, directives, blocks) or 0))
         handle, session.handle = session.handle, None
         assert handle is not None

@@ -2,10 +2,10 @@
 
 from leyline_server.splice.execute import settle_forget, splice, splice_for_turn, validate
 from leyline_server.splice.plan import Fill, SplicePlan, plan_splice
-from leyline_server.splice.report import Fallback, FallbackCode, SpliceError, SpliceReport, strict_status
+from leyline_server.splice.report import FallbackCode, FallbackInfo, SpliceError, SpliceReport, strict_status
 
 __all__ = [
-    "Fallback",
+    "FallbackInfo",
     "FallbackCode",
     "Fill",
     "SpliceError",

@@ -17,7 +17,7 @@ from leyline_sdk.core.errors import DirectiveError
 from leyline_server.engines.base import SpliceBackend, StageT
 from leyline_server.engines.values import CapacityError, Handle, ModelInfo, SpliceRequest
 from leyline_server.splice.plan import Fill, SplicePlan, plan_splice
-from leyline_server.splice.report import Fallback, FallbackCode, Refused, SpliceError, SpliceReport
+from leyline_server.splice.report import FallbackCode, FallbackInfo, Refused, SpliceError, SpliceReport
 
 __all__ = ["splice", "splice_for_turn", "settle_forget", "validate", "CANARY_TOKENS"]
 
@@ -88,7 +88,7 @@ def _forget(
     lease: _Lease,
     new: Sequence[int],
     started: float,
-    fallback: Fallback | None,
+    fallback: FallbackInfo | None,
     defer: bool = False,
 ) -> tuple[Handle | None, SpliceReport]:
     # Release first: the common prefix is re-matched and locked by the prefill, and the old
@@ -273,7 +273,7 @@ def _splice(
         code, message = (exc.code, exc.message) if isinstance(exc, Refused) else (FallbackCode.CAPACITY, str(exc))
         if request.strict:
             raise SpliceError(code, message) from exc
-        fallback = Fallback(code=code, message=message)
+        fallback = FallbackInfo(code=code, message=message)
         target = new if new is not None else (list(request.prompt) if request.prompt is not None else None)
         if target is None:
             return handle, SpliceReport(applied=False, fallback=fallback, splice_ms=_elapsed(started))

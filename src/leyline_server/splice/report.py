@@ -1,4 +1,5 @@
-"""What a splice reports: the fallback (codes: :mod:`leyline_sdk.core.fallbacks`), the report, the strict-mode error."""
+"""What a splice reports: the fallback (the wire's :class:`~leyline_sdk.core.wire.FallbackInfo`, its codes
+:mod:`leyline_sdk.core.fallbacks`), the report, the strict-mode error."""
 
 from __future__ import annotations
 
@@ -7,22 +8,16 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from leyline_sdk.core.fallbacks import FallbackCode
+from leyline_sdk.core.wire import FallbackInfo
 
-__all__ = ["FallbackCode", "Fallback", "SpliceReport", "SpliceError", "Refused", "strict_status"]
-
-
-class Fallback(BaseModel):
-    """A fallback code with a human-readable message."""
-
-    code: FallbackCode
-    message: str
+__all__ = ["FallbackCode", "FallbackInfo", "SpliceReport", "SpliceError", "Refused", "strict_status"]
 
 
 class SpliceReport(BaseModel):
     """What a splice did: counts of reused, rotated and prefilled tokens, the canary, time, fallback."""
 
     applied: bool
-    fallback: Fallback | None = None
+    fallback: FallbackInfo | None = None
     reused_tokens: int = 0
     rotated_tokens: int = 0
     prefilled_tokens: int = 0
