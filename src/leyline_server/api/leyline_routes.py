@@ -87,16 +87,11 @@ async def directives(
     """Splice a session without generating (e.g. while a tool runs)."""
     async with service.admission.slot(key) as ticket:
         session, report = await service.splice_session(session_id, key, body.directives, body.base, body.strict, ticket)
+    exact = session.handle.exact if session.handle else 0
     result = DirectivesResult(
         id=session.id,
         base=BaseRef(length=len(session.tokens), digest=session.digest),
-        applied=report.applied,
-        fallback=report.fallback,
-        reused_tokens=report.reused_tokens,
-        rotated_tokens=report.rotated_tokens,
-        prefilled_tokens=report.prefilled_tokens,
-        approximate_tokens=max(0, len(session.tokens) - (session.handle.exact if session.handle else 0)),
-        canary=report.canary,
-        splice_ms=report.splice_ms,
+        **report.model_dump(exclude={"approximate_tokens"}),
+        approximate_tokens=max(0, len(session.tokens) - exact),
     )
     return result.model_dump(mode="json")

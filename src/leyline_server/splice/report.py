@@ -5,24 +5,22 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import ConfigDict, Field
 
 from leyline_sdk.core.fallbacks import FallbackCode
-from leyline_sdk.core.wire import FallbackInfo
+from leyline_sdk.core.wire import FallbackInfo, SpliceCounts
 
 __all__ = ["FallbackCode", "FallbackInfo", "SpliceReport", "SpliceError", "Refused", "strict_status"]
 
 
-class SpliceReport(BaseModel):
-    """What a splice did: counts of reused, rotated and prefilled tokens, the canary, time, fallback."""
+class SpliceReport(SpliceCounts):
+    """What a splice did: the wire's counts (reused, rotated, prefilled tokens, the canary, time,
+    fallback), with ``applied`` always stated and the canary's three values spelled out."""
+
+    model_config = ConfigDict(extra="forbid")
 
     applied: bool
-    fallback: FallbackInfo | None = None
-    reused_tokens: int = 0
-    rotated_tokens: int = 0
-    prefilled_tokens: int = 0
     canary: Literal["passed", "skipped", "unavailable"] = "skipped"
-    splice_ms: float = 0.0
     # a forget left to the turn's prefill (``splice_for_turn``): the counts are settled after it
     deferred: bool = Field(default=False, exclude=True)
 
