@@ -63,7 +63,7 @@ async def test_the_server_explains_the_templates_edits_and_no_other_conversation
     conversations.replied(session, steps[9].answer)  # the reply the server generated (its tool-call ids)
     turn = await conversations.prepare(None, messages_at(steps, 10), TOOLS)
     assert turn is not None and turn.session is session  # its own previous turn, extended
-    request = await conversations.splice_request(session, turn)
+    request = await conversations.edits_request(session, turn)
     assert request is not None
     result = apply(base, request.directives)
     assert turn.tokens[: len(result)] == result  # the server's own render is the oracle
@@ -72,7 +72,7 @@ async def test_the_server_explains_the_templates_edits_and_no_other_conversation
     edited[3] = {**edited[3], "content": "[evicted]"}  # the client stubbed an old tool output itself
     mine = await conversations.prepare(None, edited, TOOLS)
     assert mine is not None and mine.session is session  # it carries this session's reply: the same conversation
-    request = await conversations.splice_request(session, mine)
+    request = await conversations.edits_request(session, mine)
     assert request is not None and "client" in mine.sources
     assert apply(base, request.directives) == mine.tokens[: len(apply(base, request.directives))]
     forgets = [d for d, src in zip(request.directives, mine.sources, strict=True) if src == "client"]
@@ -81,7 +81,7 @@ async def test_the_server_explains_the_templates_edits_and_no_other_conversation
     rewritten[len(before)] = {**rewritten[len(before)], "content": "an answer the server did not write"}
     other = await conversations.prepare(None, rewritten, TOOLS)
     assert other is not None and other.session is session and not other.reply_proven  # its exact prefix
-    request = await conversations.splice_request(session, other)
+    request = await conversations.edits_request(session, other)
     kept = apply(base, request.directives) if request else base[: len(old.tokens)]
     reply_start = other.transcript.render.message_spans[len(before)].start
     assert len(kept) <= reply_start and other.tokens[: len(kept)] == kept  # nothing kept from the reply on

@@ -280,7 +280,7 @@ class Conversations:
         """Whether ``session`` (held by the caller) is still as ``turn`` matched it."""
         return turn.state is not None and session is turn.session and session.auto is turn.state
 
-    async def splice_request(self, session: Session, turn: RecognisedTurn) -> SpliceRequest | None:
+    async def edits_request(self, session: Session, turn: RecognisedTurn) -> SpliceRequest | None:
         """The edits between ``session``'s base and the prompt (``None``: it extends the base)."""
         base, prompt, state = session.tokens, turn.tokens, turn.state
         turn.sources = []

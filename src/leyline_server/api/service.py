@@ -35,7 +35,7 @@ from leyline_server.api.limits import overflow
 from leyline_server.api.metrics import Metrics
 from leyline_server.api.render import PromptShape, RenderService
 from leyline_server.api.room import Room
-from leyline_server.api.session_choice import splice_request
+from leyline_server.api.session_choice import directives_request
 from leyline_server.api.session_ops import SessionOps
 from leyline_server.blocks import BlockStore
 from leyline_server.engines.base import Engine
@@ -175,7 +175,7 @@ class LeylineService(SessionOps):
         computed: a directive whose result would not fit is a 400, a strict splice that cannot
         apply its 4xx; the old base's KV is reserved when the prompt does not extend it."""
         tokens = prompt.tokens
-        request, base_fallback = await self._splice_request(ext, session, prompt, named, fallback)
+        request, base_fallback = await self._turn_splice(ext, session, prompt, named, fallback)
         base = session.tokens
         too_long = overflow(len(base), ext.directives, request.blocks, self.context_tokens) if ext and request else None
         if too_long is not None:
@@ -221,7 +221,7 @@ class LeylineService(SessionOps):
             self.conversations.commit(session, auto, chat.turn.handle)
         return chat
 
-    async def _splice_request(
+    async def _turn_splice(
         self,
         ext: LeylineRequest | None,
         session: Session,
@@ -235,10 +235,10 @@ class LeylineService(SessionOps):
             recognised = prompt.auto
             if session.handle is None and recognised.reuse is not None:
                 session.handle = await self._open_reused(session, recognised.reuse.base)
-            return (await self.conversations.splice_request(session, recognised) if session.handle else None), None
+            return (await self.conversations.edits_request(session, recognised) if session.handle else None), None
         self.conversations.forget(session)  # a client's own splices: no longer a plain client's conversation
         if session.handle is not None:
-            return splice_request(named, ext, session, prompt.tokens)
+            return directives_request(named, ext, session, prompt.tokens)
         if ext.directives and fallback is None:
             message = "a new session has no base to apply directives to"
             if ext.strict:

@@ -46,7 +46,7 @@ __all__ = [
     "choose_session",
     "held_session",
     "resolve_session",
-    "splice_request",
+    "directives_request",
 ]
 
 
@@ -125,11 +125,11 @@ def resolve_session(
     return sessions.open(owner, salt), None
 
 
-def splice_request(
+def directives_request(
     named: Mapping[str, Handle], ext: LeylineRequest, session: Session, prompt: list[int]
 ) -> tuple[SpliceRequest | None, FallbackInfo | None]:
-    """What to ask the engine for: (splice request, a base fallback to report); ``named`` holds
-    the blocks the directives may name (``BlockStore.using``)."""
+    """The splice a client's own directives ask the engine for: (splice request, a base fallback
+    to report); ``named`` holds the blocks the directives may name (``BlockStore.using``)."""
     base = session.tokens
     if (
         ext.base is not None
