@@ -16,10 +16,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from leyline_server.api.answer import KEEP_ALIVE_COMMENT, respond
+from leyline_server.api.completion_shapes import Completion, sse
 from leyline_server.api.deps import ClientEdits, Owner, Pipeline
 from leyline_server.api.errors import APIError, error_body
 from leyline_server.api.pipeline import OpenTurn, PreparedTurn
-from leyline_server.api.responses import Completion, sse
 from leyline_server.api.schemas import ChatCompletionRequest
 
 __all__ = ["router"]

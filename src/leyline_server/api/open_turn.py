@@ -16,9 +16,9 @@ from typing import Any
 from leyline_sdk.core.fallbacks import FallbackCode
 from leyline_sdk.core.wire import LeylineResult
 from leyline_server.api.admission import Ticket
+from leyline_server.api.completion_shapes import logprob_entry, usage
 from leyline_server.api.decoder import Outcome, TextDecoder
 from leyline_server.api.errors import APIError
-from leyline_server.api.responses import logprob_entry, usage
 from leyline_server.api.room import HEADROOM
 from leyline_server.api.service import ChatTurn, LeylineService
 from leyline_server.api.timings import Clock

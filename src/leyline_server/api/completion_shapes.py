@@ -1,4 +1,4 @@
-"""OpenAI's response shapes: chat completions, stream chunks, usage, logprobs, SSE framing."""
+"""OpenAI's chat completion shapes: completions, stream chunks, usage, logprobs, SSE framing."""
 
 from __future__ import annotations
 
