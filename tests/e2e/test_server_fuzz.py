@@ -246,3 +246,37 @@ def test_responses_and_messages_bodies_fuzzed_from_their_own_apis_never_5xx():
             statuses += _fuzz(url, _cases(operation.ok()), PROTOCOL_EXAMPLES // len(operations), real_ids)
     served = {(m, p) for m, p, status in statuses if status < 400}
     assert served == BODY_ROUTES, statuses  # each past validation too
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        # found by the fuzzer: a penalty that is 0 in float32 divided the seen logits by zero (inf,
+        # nan) and sampling raised; now a 400 naming the field
+        (
+            "/v1/chat/completions",
+            {"model": "tiny-mla", "messages": [{"role": "user", "content": "hi"}], "repetition_penalty": 5e-324},
+            "repetition_penalty",
+        ),
+        # found by the fuzzer: an allowed tool's name that is a list was looked up in a dict (500)
+        (
+            "/v1/responses",
+            {
+                "model": "tiny-mla",
+                "input": "hi",
+                "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+                "tool_choice": {
+                    "type": "allowed_tools",
+                    "mode": "auto",
+                    "tools": [{"type": "function", "name": ["f"]}],
+                },
+            },
+            "tool_choice",
+        ),
+    ],
+    ids=["tiny-repetition-penalty", "allowed-tool-named-by-a-list"],
+)
+def test_the_fuzzers_finds_are_400s_naming_the_field(app, path, body, param):
+    r = post(app, path, body)
+    assert r.status_code == 400, (r.status_code, r.text)
+    assert param in (r.json()["error"]["param"] or ""), r.text

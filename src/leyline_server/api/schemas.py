@@ -114,7 +114,7 @@ class ChatCompletionRequest(BaseModel):
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     min_tokens: int | None = Field(default=None, ge=0)
-    repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, ge=1e-6, le=2.0)  # smaller: logits / 0 (inf, nan)
     stop_token_ids: list[int] | None = None
     ignore_eos: bool | None = None
     no_stop_trim: bool | None = None

@@ -107,7 +107,7 @@ def _pick(functions: list[ToolFunction], names: list[Any], param: str) -> tuple[
     by_name = {f.name: f for f in functions}
     picked = []
     for name in names:
-        if name not in by_name:
+        if not isinstance(name, str) or name not in by_name:
             raise _bad(f"tool_choice names {name!r}, which is not in 'tools'", param)
         picked.append(by_name[name])
     return tuple(picked)

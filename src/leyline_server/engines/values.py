@@ -163,7 +163,7 @@ class SamplingParams(BaseModel):
     top_logprobs: int = Field(default=0, ge=0, le=20)
     top_k: int = Field(default=0, ge=0)
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-    repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0)
+    repetition_penalty: float = Field(default=1.0, ge=1e-6, le=2.0)
     min_tokens: int = Field(default=0, ge=0)
     ignore_eos: bool = False
     constraint: Constraint | None = None
