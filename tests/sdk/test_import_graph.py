@@ -5,6 +5,8 @@
 * Only ``client`` imports openai; the server and ``leyline_policies`` import the first four layers
   only; the SDK never imports ``leyline_policies``.
 * No import circle anywhere in ``src/`` or ``policies/`` (between any number of modules).
+* The server's wire protocols (Chat Completions, the Responses API, the Messages API) are adapters
+  onto one chat turn: none imports another; what two share lives below them in ``api/``.
 
 Checked statically (the graph of import statements) and for real (what a fresh interpreter has
 loaded after importing one side).
@@ -179,6 +181,32 @@ def test_nothing_imports_openais_private_modules(module):
 def test_the_server_and_the_policies_import_only_the_shared_layers(module):
     sdk = {t for t in graph()[module] if t.startswith("leyline_sdk.")}
     assert {layer(t) for t in sdk} <= SHARED_WITH_THE_SERVER, sorted(sdk)
+
+
+PROTOCOLS = {
+    "chat": ("leyline_server.api.chat_routes", "leyline_server.api.completion_shapes"),
+    "responses": ("leyline_server.api.responses_api",),
+    "messages": ("leyline_server.api.messages_api",),
+}
+
+
+def protocol(module: str) -> str | None:
+    """The wire protocol whose adapter ``module`` belongs to (``None``: shared, or not the server's API)."""
+    for name, prefixes in PROTOCOLS.items():
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return name
+    return None
+
+
+def test_every_protocol_names_modules_that_exist():
+    for prefixes in PROTOCOLS.values():
+        assert all(any(m == p or m.startswith(p + ".") for m in MODULES) for p in prefixes), prefixes
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if protocol(m)), ids=str)
+def test_no_protocol_adapter_imports_another(module):
+    others = {t for t in graph()[module] if protocol(t) not in (None, protocol(module))}
+    assert not others, f"{module} ({protocol(module)}) imports another protocol's modules: {sorted(others)}"
 
 
 def loaded_after(statement: str) -> set[str]:

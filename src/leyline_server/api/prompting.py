@@ -17,13 +17,24 @@ from leyline_server.api.params import template_kwargs
 from leyline_server.api.render import PromptShape
 from leyline_server.api.schemas import ChatCompletionRequest
 
-__all__ = ["prompt_shape", "template_source"]
+__all__ = ["REASONING_SWITCHES", "prompt_shape", "reasoning_effort_for", "template_source"]
+
+REASONING_SWITCHES = ("reasoning_effort", "thinking", "enable_thinking")
+"""Names a chat template reads to turn reasoning on or off; one of them in its source means it has a switch."""
 
 
 def template_source(chat: Any) -> str:
     """The chat template's source text (a JSON dump when the tokenizer keeps several)."""
     source = getattr(chat.tokenizer, "chat_template", "") or ""
     return source if isinstance(source, str) else json.dumps(source)
+
+
+def reasoning_effort_for(effort: str | None, template: str) -> str | None:
+    """The chat request's ``reasoning_effort`` for a protocol's effort: kept only where the template
+    (its ``template`` source) has a reasoning switch to set, ``None`` otherwise."""
+    if effort is not None and any(name in template for name in REASONING_SWITCHES):
+        return effort
+    return None
 
 
 def prompt_shape(chat: Any, req: ChatCompletionRequest) -> PromptShape | None:

@@ -29,8 +29,7 @@ from leyline_server.api.messages_api.schemas import (
     refuse_unsupported_message_fields,
 )
 from leyline_server.api.pipeline import ChatPipeline
-from leyline_server.api.prompting import template_source
-from leyline_server.api.responses_api.convert import REASONING_SWITCHES
+from leyline_server.api.prompting import reasoning_effort_for, template_source
 from leyline_server.api.schemas import ChatCompletionRequest
 
 __all__ = ["MessagesInput", "prepare_messages", "cache_marked"]
@@ -113,8 +112,7 @@ def _convert(req: CountTokensRequest, template: str, volatile: Sequence[str] = (
     dropped = drop_volatile_lines(messages, volatile) if volatile else 0
     tools, not_offered = chat_tools(req.tools)
     body = _body(req, messages, tools)
-    effort = _effort(req)
-    if effort is not None and any(name in template for name in REASONING_SWITCHES):
+    if (effort := reasoning_effort_for(_effort(req), template)) is not None:
         body["reasoning_effort"] = effort
     return MessagesInput(chat_request(body), not_offered, cache_marked=cache_marked(req), body=body, volatile=dropped)
 

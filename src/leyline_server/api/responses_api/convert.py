@@ -16,13 +16,12 @@ from typing import Any
 
 from leyline_sdk.core.responses_items import ItemError, chat_tools
 from leyline_server.api.errors import APIError
+from leyline_server.api.prompting import reasoning_effort_for
 from leyline_server.api.responses_api.errors import as_api_error
 from leyline_server.api.responses_api.schemas import ResponsesRequest
 from leyline_server.api.schemas import ChatCompletionRequest
 
-__all__ = ["ChatInput", "to_chat", "REASONING_SWITCHES"]
-
-REASONING_SWITCHES = ("reasoning_effort", "thinking", "enable_thinking")
+__all__ = ["ChatInput", "to_chat"]
 
 
 @dataclass
@@ -91,8 +90,7 @@ def to_chat(req: ResponsesRequest, messages: list[dict[str, Any]], template: str
         "stream": req.stream,
         "leyline": req.leyline.model_dump() if req.leyline is not None else None,
     }
-    if effort is not None and any(name in template for name in REASONING_SWITCHES):
-        body["reasoning_effort"] = effort
+    body["reasoning_effort"] = reasoning_effort_for(effort, template)
     return ChatInput(
         ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None}), not_offered
     )
