@@ -8,6 +8,12 @@ to every request that did not ask for ``amortize``.
 Now a session an amortize turn left approximate KV in is continued only by amortize turns; any
 other request of that conversation gets a new session that reuses the exact prefix and computes
 the rest: 0 approximate tokens, the answer of a fresh server.
+
+Round four: on a chat template that drops earlier reasoning, ``X-Leyline-Client-Edits: exact``
+still spliced the *template's* edits in ``amortize`` mode (1,109–2,728 approximate tokens a turn
+over an 11-turn agent trace, on a server without ``--auto-splice``), and continued a session that
+``--auto-splice`` had left approximate KV in. Now ``exact`` recomputes every edit and opens a new
+session instead of continuing approximate KV.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Any
 
 import openai
 
+from benchmarks.traces import REASONING_TEMPLATE, TOOLS, messages_at, reasoning_agent_trace
 from tests.attack.helpers import MODEL, serve, service
 
 FILE = "".join(f"line {i}: value_{i} = {i * i}\n" for i in range(40))
@@ -88,3 +95,39 @@ async def test_only_turns_that_asked_for_amortize_get_approximate_kv(engine):
         fresh_exact, _ = await ask(fresh_client, later_exact)
     assert plain["leyline"]["completion_token_ids"] == fresh["leyline"]["completion_token_ids"]
     assert exact["leyline"]["completion_token_ids"] == fresh_exact["leyline"]["completion_token_ids"]
+
+
+def reasoning(engine: str, **config: Any) -> Any:
+    """A service whose chat template drops earlier turns' reasoning (the template edits every turn)."""
+    svc = service(engine, kv_budget_mb=32.0, max_context_tokens=4096, **config)
+    svc.tokenizer.chat_template = REASONING_TEMPLATE  # the service's own copy of the tokenizer
+    return svc
+
+
+async def chat_turns(url: str, steps: list[Any], headers: dict[str, str] | None = None) -> list[tuple[int, list[int]]]:
+    """Each turn of the trace, greedy, 4 tokens: (approximate tokens, completion token ids)."""
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, default_headers=headers)
+    out = []
+    for t in range(len(steps)):
+        r = await client.chat.completions.create(
+            model=MODEL, messages=messages_at(steps, t), tools=TOOLS, max_tokens=4, temperature=0
+        )
+        out.append((r.leyline["approximate_tokens"], r.leyline["completion_token_ids"]))
+    return out
+
+
+async def test_exact_recomputes_the_templates_edits_too(engine):
+    steps = reasoning_agent_trace(turns=11, output_lines=6)
+    with serve(reasoning(engine)) as url:
+        asked = await chat_turns(url, steps, AMORTIZE)
+        exact = await chat_turns(url, steps, EXACT)
+    with serve(reasoning(engine, auto_splice=True)) as url:
+        auto = await chat_turns(url, steps)  # the operator's default splices the template's edits
+        exact_after_auto = await chat_turns(url, steps, EXACT)  # the same conversation, asked exact
+    assert sum(a for a, _ in asked) > 0 and sum(a for a, _ in auto) > 0  # the template did edit
+    assert [a for a, _ in exact] == [0] * len(steps)
+    assert [a for a, _ in exact_after_auto] == [0] * len(steps)
+    with serve(reasoning(engine)) as url:  # the oracle: no sessions, the exact prefix cache alone
+        fresh = await chat_turns(url, steps)
+    assert [ids for _, ids in exact] == [ids for _, ids in fresh]
+    assert [ids for _, ids in exact_after_auto] == [ids for _, ids in fresh]

@@ -2,7 +2,7 @@
 
 A client that sends no ``leyline`` field gets a session per conversation when the server runs
 with ``--auto-splice`` or the request opts in to client-edit splicing (``X-Leyline-Client-Edits``,
-:data:`CLIENT_EDITS_HEADER`). Every wire protocol (chat completions, Responses, Messages) comes
+:mod:`leyline_server.api.client_edits`). Every wire protocol (chat completions, Responses, Messages) comes
 here through the one pipeline.
 
 **Identity** (:mod:`leyline_sdk.explain.identity`). A request continues session ``S`` of the
@@ -79,33 +79,12 @@ from leyline_server.engines.values import Handle, SpliceRequest
 from leyline_server.sessions import Session, SessionStore
 
 __all__ = [
-    "CLIENT_EDITS_HEADER",
     "ConversationState",
     "Conversations",
     "Prompt",
     "RecognisedTurn",
-    "client_edits_mode",
     "hints_of",
 ]
-
-CLIENT_EDITS_HEADER = "x-leyline-client-edits"  # "amortize": splice this client's own edits; "exact": recompute
-
-
-def client_edits_mode(header: str | None, server_default: bool) -> Mode | None:
-    """The mode of a plain client's own edits: the header's, else the server's (``--splice-client-edits``).
-
-    ``None`` when the header is absent and the server does not splice client edits; 400 for an
-    unknown value.
-    """
-    if header is None:
-        return Mode.AMORTIZE if server_default else None
-    value = header.strip().lower()
-    if value in ("amortize", "splice", "on", "1", "true"):
-        return Mode.AMORTIZE
-    if value in ("exact", "forget", "off", "0", "false"):
-        return Mode.FORGET
-    raise APIError(400, "invalid_header", f"{CLIENT_EDITS_HEADER}: {header!r} is not 'amortize' or 'exact'")
-
 
 HINTS = ("prompt_cache_key", "user", "safety_identifier")
 CONVERSATION_KEY = "prompt_cache_key"
@@ -159,6 +138,7 @@ class RecognisedTurn:
     state: ConversationState | None = None  # the session's state when it was matched
     reply_proven: bool = False  # matched by the session's own reply (rule 1)
     splice: bool = True  # False: continued exactly, nothing spliced
+    exact: bool = False  # the client asked for exact KV: every edit recomputed, no approximate KV continued
     sources: list[str] = field(default_factory=list)  # who made each directive ("template", "client", ...)
     reuse: Reuse | None = None  # rule 4: open the new session on another conversation's tokens
 
@@ -187,11 +167,14 @@ class Conversations:
         hints: Mapping[str, str] | None = None,
         client_mode: Mode = Mode.FORGET,
         splice: bool = True,
+        exact: bool = False,
     ) -> RecognisedTurn | None:
         """Render the request (incrementally from its conversation) and find its session.
 
         ``splice=False``: the session is continued exactly (its prefix reused, nothing spliced:
-        a conversation protocol without ``--auto-splice`` or the opt-in).
+        a conversation protocol without ``--auto-splice`` or the opt-in). ``exact``: the client
+        asked for exact KV (``X-Leyline-Client-Edits: exact``): the template's edits are recomputed
+        too, and a session holding approximate KV is not continued (a new one reuses its exact prefix).
 
         ``None`` when per-message spans cannot be had in time: the request is then served
         plainly, without a session.
@@ -200,8 +183,11 @@ class Conversations:
         digests = message_digests(msgs, tools)
         session, state, proven = self._match(owner, msgs, hints, digests)
         start = state.snapshot if state else None
-        if state is not None and state.private and client_mode is not Mode.AMORTIZE:
-            session, state, proven = None, None, False  # its approximate KV is not for this turn: a new session
+        not_for_me = state is not None and (
+            state.private and client_mode is not Mode.AMORTIZE or exact and _approximate(session)
+        )
+        if not_for_me:  # its approximate KV is not for this turn: a new session
+            session, state, proven = None, None, False
         if state is not None and state.transcript.tools and not tools:
             session, state, proven = None, None, False  # a side request (a summary, a title): a new session
         try:
@@ -213,6 +199,7 @@ class Conversations:
         transcript = Transcript(msgs, tools, rendered)
         turn = RecognisedTurn(list(rendered.tokens), transcript, snapshot, hints, digests[-1], client_mode)
         turn.session, turn.state, turn.reply_proven, turn.splice = session, state, proven, splice
+        turn.exact = exact
         if session is None and splice and client_mode is Mode.AMORTIZE:
             turn.reuse = best_reuse(self._cached_paths(owner, hints), turn.tokens)
         return turn
@@ -302,6 +289,8 @@ class Conversations:
         except APIError:  # out of time: no splice; the prefill reuses the exact common prefix
             return None
         directives, sources = explained.directives, [s.value for s in explained.sources]
+        if turn.exact:  # the template's edits too: recomputed from the first one
+            directives = [d.model_copy(update={"mode": Mode.FORGET, "repair": 0}) for d in directives]
         if not turn.reply_proven:  # keep nothing of the base from its generated reply on
             directives = truncate_result(
                 len(base), directives, _before(directives, len(state.transcript.render.tokens))
@@ -338,6 +327,12 @@ class Conversations:
             if state.reply is not None:
                 _remove(self._by_reply, (session.owner, state.reply), session.id)
         session.auto = None
+
+
+def _approximate(session: Session | None) -> bool:
+    """Whether ``session``'s KV holds approximate rows (a splice's, in ``amortize`` mode)."""
+    handle = session.handle if session is not None else None
+    return handle is not None and handle.exact < handle.cached
 
 
 def _add(index: dict[tuple[str | None, str], list[str]], key: tuple[str | None, str], sid: str) -> None:

@@ -48,9 +48,10 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
 from leyline_server.api.admission import Ticket
+from leyline_server.api.client_edits import client_edits_mode
 from leyline_server.api.compiles import Compiling
 from leyline_server.api.constraints import plan_constraint
-from leyline_server.api.conversations import client_edits_mode, hints_of
+from leyline_server.api.conversations import hints_of
 from leyline_server.api.decoder import TextDecoder
 from leyline_server.api.open_turn import Delta, OpenTurn
 from leyline_server.api.params import check_request, sampling_params, stop_strings

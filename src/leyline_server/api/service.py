@@ -151,7 +151,8 @@ class LeylineService(SessionOps):
         spliced = self.config.auto_splice or client_mode is not None
         if ext is None and shape is None and (spliced or recognise):
             mode = client_mode if client_mode is not None else Mode.FORGET
-            turn = await self.conversations.prepare(owner, messages, tools, hints, mode, splice=spliced)
+            exact = client_mode is Mode.FORGET  # the client asked for exact KV (X-Leyline-Client-Edits: exact)
+            turn = await self.conversations.prepare(owner, messages, tools, hints, mode, splice=spliced, exact=exact)
             if turn is not None:
                 return Prompt(turn.tokens, turn)
         return Prompt(await self.render.tokens(owner, messages, tools, True, shape))
