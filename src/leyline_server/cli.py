@@ -144,7 +144,7 @@ def server_config(args: argparse.Namespace) -> Any:
         api_keys=frozenset(keys),
         isolate_keys=args.isolate_keys,
         auto_splice=args.auto_splice,
-        splice_client_edits=args.splice_client_edits,
+        client_edits=args.client_edits,
         volatile_system_lines=volatile_lines(args.volatile_system_line),
         max_context_tokens=args.context_length,
         max_sessions=args.max_sessions,
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     info = service.engine.info
     logging.getLogger("leyline").info(
         "serving %s as %s on http://%s:%d (engine %s, context %d tokens, KV pool %d tokens, auth %s, "
-        "key isolation %s, auto-splice %s)",
+        "key isolation %s, auto-splice %s, client edits %s)",
         args.model,
         ", ".join(service.config.names),
         args.host,
@@ -214,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         "on" if service.config.api_keys else "off",
         "on" if service.config.isolated else "off",
         "on" if args.auto_splice else "off",
+        service.config.client_edits,
     )
     # uvicorn re-raises the signal it shut down on once it has restored the previous handlers;
     # with these no-op handlers in place a graceful shutdown ends in exit status 0.

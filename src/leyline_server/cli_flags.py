@@ -107,9 +107,14 @@ def _server_args(parser: argparse.ArgumentParser) -> None:
         help="sessions for clients that send no directives (conversations recognised, the template's edits spliced)",
     )  # fmt: skip
     group.add_argument(
-        "--splice-client-edits", action="store_true",
-        help="splice (amortize) the edits plain clients make to their own history, for every request "
-        "(per request: the header X-Leyline-Client-Edits: amortize); approximate KV for those clients",
+        "--client-edits", choices=("exact", "amortize"), default="exact",
+        help="the edits plain clients make to their own history, for every request that does not say "
+        "(per request: the header X-Leyline-Client-Edits): exact (recomputed from the first, the "
+        "default) or amortize (spliced in place: approximate KV for those clients)",
+    )  # fmt: skip
+    group.add_argument(
+        "--splice-client-edits", action="store_const", dest="client_edits", const="amortize",
+        help="the same as --client-edits amortize (the older spelling)",
     )  # fmt: skip
     group.add_argument(
         "--volatile-system-line", action="append", default=None, metavar="PREFIX",

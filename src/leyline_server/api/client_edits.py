@@ -1,14 +1,18 @@
 """The client-edits opt-in: how the edits a plain client makes to its own history are served.
 
 A plain client (one that sends no ``leyline`` field) edits its history between turns: it clears
-old tool results, drops messages, summarises. The request's ``X-Leyline-Client-Edits`` header,
-else the server's ``--splice-client-edits``, says what it wants (:func:`client_edits_mode`):
+old tool results, drops messages, summarises. In one sentence: those edits are recomputed
+(``exact``) unless the request (``X-Leyline-Client-Edits: amortize``) or the operator
+(``--client-edits amortize``; older spelling ``--splice-client-edits``) asks for ``amortize``,
+and a request that says ``exact`` gets exact KV whatever the server's defaults
+(:func:`client_edits_mode`):
 
 * ``amortize`` — its edits are spliced in place (approximate KV for this client);
-* ``exact`` — every edit, the client's and the chat template's, is recomputed from its first
-  token, and no approximate KV left by an earlier turn is continued: what a fresh prefill gives;
-* neither — the server's default (``--auto-splice``: the template's edits spliced, the client's
-  recomputed; without it, no conversation sessions on chat completions).
+* ``exact`` in the header — every edit, the client's and the chat template's, is recomputed from
+  its first token, and no approximate KV left by an earlier turn is continued: what a fresh
+  prefill gives;
+* no header — the server's ``--client-edits`` (``exact`` by default: the client's edits are
+  recomputed, and ``--auto-splice`` alone decides the template's).
 
 :mod:`leyline_server.api.conversations` applies the mode.
 """
@@ -23,14 +27,14 @@ __all__ = ["CLIENT_EDITS_HEADER", "client_edits_mode"]
 CLIENT_EDITS_HEADER = "x-leyline-client-edits"  # "amortize": splice this client's own edits; "exact": recompute
 
 
-def client_edits_mode(header: str | None, server_default: bool) -> Mode | None:
-    """The mode of a plain client's own edits: the header's, else the server's (``--splice-client-edits``).
+def client_edits_mode(header: str | None, server_default: str = "exact") -> Mode | None:
+    """The mode of a plain client's own edits: the header's, else the server's (``--client-edits``).
 
-    ``None`` when the header is absent and the server does not splice client edits; 400 for an
-    unknown value.
+    ``None`` when the header is absent and the server's default is ``exact`` (the request then
+    gets a conversation only under ``--auto-splice`` or from its protocol); 400 for an unknown value.
     """
     if header is None:
-        return Mode.AMORTIZE if server_default else None
+        return Mode.AMORTIZE if server_default == "amortize" else None
     value = header.strip().lower()
     if value in ("amortize", "splice", "on", "1", "true"):
         return Mode.AMORTIZE

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from leyline_server.models import real_model
 
@@ -31,7 +32,7 @@ class ServerConfig:
     api_keys: frozenset[str] = frozenset()
     isolate_keys: bool | None = None  # None: on when API keys are configured
     auto_splice: bool = False
-    splice_client_edits: bool = False  # plain clients' own edits spliced (amortize) for every request
+    client_edits: Literal["exact", "amortize"] = "exact"  # plain clients' own edits, unless the request says
     # Lines of a Messages API system prompt dropped before rendering (they start with one of these):
     # per-conversation noise that carries nothing for the model (Claude Code's attribution line).
     volatile_system_lines: tuple[str, ...] = ("x-anthropic-billing-header:",)

@@ -45,7 +45,7 @@ only under the opt-in, and otherwise recomputed from the first one (``forget``):
 before the edit is reused, the rest prefilled — exactly what a fresh prefill gives.
 
 **Exactness.** Once a turn that asked for amortize (``X-Leyline-Client-Edits: amortize``, or
-``--splice-client-edits``) left approximate KV in a session, that session is continued only by
+``--client-edits amortize``) left approximate KV in a session, that session is continued only by
 turns that ask for amortize too. Any other request that continues the conversation — the same
 client without the header or with ``exact``, another client through ``previous_response_id`` —
 gets a new session: its prefill reuses the key's exact prefix cache up to the first rotated

@@ -192,7 +192,7 @@ class ChatPipeline:
         clock = Clock()
         tools = self._check(req)  # 1. check
         shape = prompt_shape(service.chat, req)
-        mode = client_edits_mode(client_edits, service.config.splice_client_edits)
+        mode = client_edits_mode(client_edits, service.config.client_edits)
         stack = AsyncExitStack()
         try:
             ticket = await stack.enter_async_context(service.admission.slot(owner))  # 2. admit
