@@ -36,10 +36,10 @@ from tool_traces import TOOLS, agent_session  # noqa: E402
 
 from leyline_sdk.explain.diff import common_prefix_length, diff_to_directives  # noqa: E402
 from leyline_sdk.render.rendering import HFChatTokenizer  # noqa: E402
-from leyline_server.engines.base import SpliceRequest  # noqa: E402
+from leyline_server.contract.base import SpliceRequest  # noqa: E402
+from leyline_server.contract.values import CacheScope, SamplingParams
 from leyline_server.engines.config import EngineConfig  # noqa: E402
 from leyline_server.engines.embedded.presets import load_engine  # noqa: E402
-from leyline_server.engines.values import CacheScope, SamplingParams
 from leyline_server.splice import splice  # noqa: E402
 
 QUESTION = {"role": "user", "content": "In one sentence: what have the tool outputs shown so far?"}

@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
+from leyline_server.contract.logits import Processors
+from leyline_server.contract.values import SHARED, Constraint, SamplingParams
 from leyline_server.engines.config import EngineConfig
 from leyline_server.engines.factory import build_engine
-from leyline_server.engines.logits import Processors
-from leyline_server.engines.values import SHARED, Constraint, SamplingParams
 
 SCHEMA = {
     "type": "object",

@@ -19,10 +19,10 @@ import argparse
 import time
 
 from leyline_sdk.core.directives import Directive, apply
+from leyline_server.contract.values import CacheScope, SpliceRequest
 from leyline_server.engines.embedded.engine import EmbeddedEngine
 from leyline_server.engines.embedded.pool import SlotPool, layout_from_config
 from leyline_server.engines.embedded.presets import preset_config
-from leyline_server.engines.values import CacheScope, SpliceRequest
 from leyline_server.rope import rope_spec_from_config
 from leyline_server.splice import splice
 from leyline_server.tiny_models import build_model

@@ -39,9 +39,9 @@ async def turn_speed(engine: Any, prompt: list[int], scope: Any, steps: int) -> 
 
 async def measure(parking: bool, args: argparse.Namespace, scenario: Scenario) -> list[dict]:
     """Rows for one engine (parking on or off), the idle sessions added step by step."""
+    from leyline_server.contract.values import CacheScope
     from leyline_server.engines.config import EngineConfig
     from leyline_server.engines.llamacpp.loader import load_llamacpp
-    from leyline_server.engines.values import CacheScope
 
     config = EngineConfig(
         engine="llamacpp",

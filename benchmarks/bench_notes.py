@@ -54,9 +54,9 @@ import torch
 
 from leyline_sdk.core.directives import Directive, Mode, apply
 from leyline_sdk.explain.diff import common_prefix_length, diff_to_directives
+from leyline_server.contract.values import CacheScope, Handle, SpliceRequest
 from leyline_server.engines.config import EngineConfig
 from leyline_server.engines.embedded.presets import load_engine
-from leyline_server.engines.values import CacheScope, Handle, SpliceRequest
 from leyline_server.splice import splice
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

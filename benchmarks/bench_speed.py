@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
+from leyline_server.contract.values import SHARED, SamplingParams
 from leyline_server.engines.config import EngineConfig
 from leyline_server.engines.embedded.presets import load_engine
-from leyline_server.engines.values import SHARED, SamplingParams
 
 
 def hf_prefill_and_decode(model: Any, ids: list[int], steps: int) -> tuple[float, float, list[int]]:

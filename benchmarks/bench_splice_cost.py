@@ -67,7 +67,7 @@ class Case:
 
 def splice_once(core: Any, case: Case, n: int) -> Any:
     """Cache the session (untimed), splice it; the report."""
-    from leyline_server.engines.values import CacheScope, SpliceRequest
+    from leyline_server.contract.values import CacheScope, SpliceRequest
     from leyline_server.splice import splice
 
     if hasattr(core, "drop_idle"):

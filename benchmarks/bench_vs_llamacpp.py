@@ -120,14 +120,14 @@ class Leyline:
         self._n = 0
 
     def _scope(self) -> Any:
-        from leyline_server.engines.values import CacheScope
+        from leyline_server.contract.values import CacheScope
 
         self._n += 1  # a salt per measurement: no run reuses exact KV another run computed
         return CacheScope(salt=f"run{self._n}", private=f"s{self._n}")
 
     async def turn(self, prompt: list[int], scope: Any, handle: Any, request: Any, steps: int = 1) -> tuple:
         """(the turn, seconds to its first token, decode tok/s of the rest) for ``steps`` greedy tokens."""
-        from leyline_server.engines.values import SamplingParams
+        from leyline_server.contract.values import SamplingParams
 
         eos = self.engine.info.eos_token_ids
         params = SamplingParams(max_tokens=steps, logit_bias={t: -100.0 for t in eos})
@@ -148,7 +148,7 @@ class Leyline:
 
     async def continue_after_edit(self, base: list[int], prompt: list[int], directive: Any, mode: str) -> float:
         """A session holding ``base`` gets the edited ``prompt`` with the directive in ``mode``."""
-        from leyline_server.engines.values import SpliceRequest
+        from leyline_server.contract.values import SpliceRequest
 
         self._drop_idle()
         scope = self._scope()

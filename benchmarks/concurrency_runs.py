@@ -94,8 +94,8 @@ async def warm_up(url: str) -> None:
 def engine_limit(engine: str, streams: int, tokens: int, words: int) -> float:
     """The engine core's own batched decode, no server: tok/s of ``streams`` sequences stepped together."""
     from leyline_sdk.render.rendering import HFChatTokenizer
+    from leyline_server.contract.values import CacheScope, SamplingParams
     from leyline_server.engines.factory import EngineConfig, build_engine
-    from leyline_server.engines.values import CacheScope, SamplingParams
 
     built, tokenizer = build_engine(EngineConfig(engine=engine, model=MODEL, kv_budget_mb=KV_MB))
     core = built.core  # type: ignore[attr-defined]
@@ -181,8 +181,8 @@ async def after_edit(url: str, old_words: int, downstream_words: int) -> dict[st
 
 async def engine_after_edit(engine: str, base: list[int], prompt: list[int], directives: list[Any]) -> float:
     """The same edit on the engine itself (its scheduler, no HTTP): splice + prefill + first token, seconds."""
+    from leyline_server.contract.values import CacheScope, SamplingParams, SpliceRequest
     from leyline_server.engines.factory import EngineConfig, build_engine
-    from leyline_server.engines.values import CacheScope, SamplingParams, SpliceRequest
 
     built, _ = build_engine(EngineConfig(engine=engine, model=MODEL, kv_budget_mb=KV_MB))
     try:

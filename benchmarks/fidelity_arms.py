@@ -31,7 +31,7 @@ from notes_cases import TOOLS
 
 from leyline_sdk.explain.diff import diff_to_directives
 from leyline_sdk.render.rendering import HFChatTokenizer
-from leyline_server.engines.values import SHARED, CacheScope, Handle, Prefilled, SamplingParams, SpliceRequest
+from leyline_server.contract.values import SHARED, CacheScope, Handle, Prefilled, SamplingParams, SpliceRequest
 from leyline_server.splice import splice
 
 __all__ = ["Answer", "Runner", "arms_of", "run_case"]

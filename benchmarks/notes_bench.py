@@ -11,7 +11,7 @@ import torch
 from notes_cases import TOOLS
 
 from leyline_sdk.render.rendering import HFChatTokenizer
-from leyline_server.engines.values import CacheScope, Handle, Prefilled, SamplingParams, SpliceRequest
+from leyline_server.contract.values import CacheScope, Handle, Prefilled, SamplingParams, SpliceRequest
 from leyline_server.splice import splice
 
 

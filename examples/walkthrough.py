@@ -19,9 +19,9 @@ from leyline_sdk.core.directives import Mode, apply, digest, position_map
 from leyline_sdk.explain.diff import diff_to_directives
 from leyline_sdk.render.rendering import HFChatTokenizer
 from leyline_sdk.render.tiny_tokenizer import load_tiny_tokenizer
+from leyline_server.contract.values import CacheScope, SpliceRequest
 from leyline_server.engines.config import EngineConfig
 from leyline_server.engines.embedded.presets import load_engine
-from leyline_server.engines.values import CacheScope, SpliceRequest
 from leyline_server.splice import splice
 
 

@@ -66,7 +66,7 @@ def _tokens(rng: random.Random, n: int, vocab: int = 100_000) -> list[int]:
 
 async def _edit_turn(engine: Any, downstream: int, mode: str, rng: random.Random) -> dict[str, Any]:
     from leyline_sdk.core.directives import Directive, apply
-    from leyline_server.engines.values import CacheScope, SamplingParams, SpliceRequest
+    from leyline_server.contract.values import CacheScope, SamplingParams, SpliceRequest
 
     vocab = min(engine.info.vocab_size, 100_000)
 

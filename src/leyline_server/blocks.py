@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from leyline_server.engines.values import Handle
+from leyline_server.contract.values import Handle
 
 __all__ = ["Block", "BlockStore"]
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from leyline_sdk.core.directives import digest
-from leyline_server.engines.values import CacheScope, Handle
+from leyline_server.contract.values import CacheScope, Handle
 
 __all__ = ["Session", "SessionStore"]
 

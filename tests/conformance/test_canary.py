@@ -1,6 +1,6 @@
 """The canary means the same on every engine: staged rows against the model's own layer-0 keys.
 
-Driven through each engine's :class:`~leyline_server.engines.base.SpliceBackend` (in this
+Driven through each engine's :class:`~leyline_server.contract.base.SpliceBackend` (in this
 process, on the engine's own thread): a session's run moved and a block placed in one stage,
 then ``canary(stage, positions, tokens)``. It passes for the tokens that really land there and
 fails — by orders of magnitude — for other tokens at the same positions: an engine that compared
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from leyline_sdk.core.directives import KeptRun
-from leyline_server.engines.values import CacheScope
+from leyline_server.contract.values import CacheScope
 from tests.conformance.servers import MODELS, SERVES, available_engines
 
 SESSION = [(53 * i + 5) % 900 + 60 for i in range(80)]

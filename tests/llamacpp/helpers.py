@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
+from leyline_server.contract.values import CacheScope, SpliceRequest
 from leyline_server.engines.llamacpp.convert import write_llama_gguf
 from leyline_server.engines.llamacpp.engine import LlamaCppEngine
 from leyline_server.engines.llamacpp.lib import LlamaModel
-from leyline_server.engines.values import CacheScope, SpliceRequest
 from leyline_server.splice import splice
 
 SCOPE = CacheScope(private="test-session")

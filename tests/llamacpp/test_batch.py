@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from leyline_server.engines.jobs import Chunk
-from leyline_server.engines.logits import Processors, SuppressUntil
-from leyline_server.engines.values import CacheScope, CapacityError, SamplingParams
+from leyline_server.contract.jobs import Chunk
+from leyline_server.contract.logits import Processors, SuppressUntil
+from leyline_server.contract.values import CacheScope, CapacityError, SamplingParams
 from tests.llamacpp.helpers import BASE, engine, fresh_logits, max_diff
 
 PROMPTS = [BASE[:40], BASE[:75], BASE[200:263], [9] + BASE[300:330]]  # the second shares 40 cells with the first

@@ -110,8 +110,8 @@ def test_the_default_serves_the_whole_context_with_llamacpps_kv_dtype(caplog):
     a pool sized from the machine for the model's whole context, said at start; the canary's
     tolerance follows the KV dtype, and a splice on that pool passes it."""
     from leyline_sdk.core.directives import Directive
+    from leyline_server.contract.values import CacheScope, SpliceRequest
     from leyline_server.engines.config import CANARY_TOLERANCES
-    from leyline_server.engines.values import CacheScope, SpliceRequest
     from leyline_server.splice import splice
 
     with caplog.at_level("INFO", logger="leyline.engine"):

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from leyline_sdk.core.directives import Directive, KeptRun, apply
+from leyline_server.contract.values import CacheScope, SamplingParams
 from leyline_server.engines.llamacpp.serving import AsyncLlamaCppEngine
-from leyline_server.engines.values import CacheScope, SamplingParams
 from tests.llamacpp.helpers import BASE, fresh_logits, max_diff, prefill, run_splice
 from tests.llamacpp.helpers import engine as _engine
 

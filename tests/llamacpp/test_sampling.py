@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from leyline_server.contract.values import SamplingParams
 from leyline_server.engines.llamacpp.lib import TokenSampler, logprobs
-from leyline_server.engines.values import SamplingParams
 from tests.llamacpp.helpers import BASE, engine, prefill
 
 PROMPT = BASE[:64]

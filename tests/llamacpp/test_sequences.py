@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from leyline_sdk.core.directives import Directive, apply
-from leyline_server.engines.values import CacheScope, CapacityError
+from leyline_server.contract.values import CacheScope, CapacityError
 from leyline_server.splice import FallbackCode
 from tests.llamacpp.helpers import BASE, fresh_logits, max_diff, prefill, run_splice
 from tests.llamacpp.helpers import engine as _engine

@@ -17,9 +17,9 @@ import pytest
 
 from leyline_sdk.core.directives import Directive, apply
 from leyline_sdk.render.rendering import HFChatTokenizer
+from leyline_server.contract.values import CacheScope, SamplingParams
 from leyline_server.engines.config import EngineConfig
 from leyline_server.engines.llamacpp.loader import load_llamacpp
-from leyline_server.engines.values import CacheScope, SamplingParams
 from leyline_server.models import find_smollm2_gguf
 from tests.llamacpp.helpers import kl, run_splice
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from leyline_sdk.core.directives import Directive, apply
-from leyline_server.engines.values import CacheScope, SamplingParams
+from leyline_server.contract.values import CacheScope, SamplingParams
 from leyline_server.splice import FallbackCode, SpliceError
 from tests.llamacpp.helpers import BASE, engine, fresh_logits, max_diff, prefill, run_splice
 

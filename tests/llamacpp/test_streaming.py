@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from leyline_server.contract.values import SamplingParams
 from leyline_server.engines.llamacpp.serving import AsyncLlamaCppEngine
-from leyline_server.engines.values import SamplingParams
 from tests.llamacpp.helpers import BASE, SCOPE, engine, fresh_logits, max_diff
 
 PROMPT = BASE[:48]

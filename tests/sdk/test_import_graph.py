@@ -5,6 +5,8 @@
 * Only ``client`` imports openai; the server and ``leyline_policies`` import the first four layers
   only; the SDK never imports ``leyline_policies``.
 * No import circle anywhere in ``src/`` or ``policies/`` (between any number of modules).
+* The server's folders (``api``, ``engines``, ``splice``, ``contract``…) import each other without
+  a circle either: the engine contract sits below both the engines and the splice executor.
 * The server's wire protocols (Chat Completions, the Responses API, the Messages API) are adapters
   onto one chat turn: none imports another; what two share lives below them in ``api/``.
 
@@ -15,6 +17,7 @@ loaded after importing one side).
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import subprocess
 import sys
@@ -49,6 +52,7 @@ def _package(name: str, path: Path) -> str:
     return name if path.name == "__init__.py" else name.rpartition(".")[0]
 
 
+@functools.cache
 def imported_names(name: str, path: Path) -> set[str]:
     """Every module an import statement of ``path`` names (``from a.b import c``: ``a.b`` and ``a.b.c``)."""
     names: set[str] = set()
@@ -73,6 +77,7 @@ def _resolve(name: str) -> str | None:
     return name or None
 
 
+@functools.cache
 def graph() -> dict[str, set[str]]:
     """Module → the project modules it imports (a package's own ``__init__`` not counted as an edge)."""
     out: dict[str, set[str]] = {}
@@ -181,6 +186,29 @@ def test_nothing_imports_openais_private_modules(module):
 def test_the_server_and_the_policies_import_only_the_shared_layers(module):
     sdk = {t for t in graph()[module] if t.startswith("leyline_sdk.")}
     assert {layer(t) for t in sdk} <= SHARED_WITH_THE_SERVER, sorted(sdk)
+
+
+def server_folder(module: str) -> str | None:
+    """The folder of ``leyline_server`` a module lives in (``cli`` for a top-level module ``cli``)."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "leyline_server" and len(parts) > 1 else None
+
+
+def folder_graph() -> dict[str, set[str]]:
+    """Folder → the other folders of ``leyline_server`` its modules import."""
+    out: dict[str, set[str]] = {}
+    for module, targets in graph().items():
+        mine = server_folder(module)
+        if mine is not None:
+            out.setdefault(mine, set()).update(t for t in map(server_folder, targets) if t not in (None, mine))
+    return out
+
+
+def test_the_servers_folders_import_each_other_without_a_circle():
+    folders = folder_graph()
+    assert cycles(folders) == []
+    assert "engines" not in folders["splice"] | folders["contract"]  # the contract and the executor below
+    assert folders["engines"] >= {"contract", "splice"}  # the engines above both
 
 
 PROTOCOLS = {

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from leyline_server.contract.values import CacheScope, SpliceRequest
 from leyline_server.engines.config import EngineConfig
 from leyline_server.engines.embedded.cache_adapter import layer0_keys
 from leyline_server.engines.embedded.engine import EmbeddedEngine, Pinned
 from leyline_server.engines.embedded.presets import load_engine
-from leyline_server.engines.values import CacheScope, SpliceRequest
 from leyline_server.rope import RopeSpec
 from leyline_server.splice import splice
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from leyline_server.engines.jobs import Chunk
-from leyline_server.engines.values import SamplingParams
+from leyline_server.contract.jobs import Chunk
+from leyline_server.contract.values import SamplingParams
 from tests.server.engine_helpers import PRESET_NAMES, SCOPE, engine, prefill
 
 PROMPTS = [[10 + i for i in range(n)] for n in (5, 17, 9, 30)]

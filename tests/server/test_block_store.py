@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from leyline_server.blocks import BlockStore
-from leyline_server.engines.values import CacheScope, Handle
+from leyline_server.contract.values import CacheScope, Handle
 
 
 def handle(n: int) -> Handle:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from leyline_sdk.core.directives import Directive, apply
-from leyline_server.engines.values import CacheScope
+from leyline_server.contract.values import CacheScope
 from leyline_server.splice import FallbackCode
 from tests.server.engine_helpers import PRESET_NAMES, engine, fresh, pool_rows, prefill, run_splice
 

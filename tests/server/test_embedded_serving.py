@@ -7,8 +7,8 @@ import asyncio
 import pytest
 import torch
 
+from leyline_server.contract.values import CacheScope, CapacityError, SamplingParams
 from leyline_server.engines.embedded.serving import AsyncEmbeddedEngine
-from leyline_server.engines.values import CacheScope, CapacityError, SamplingParams
 from tests.server.engine_helpers import engine, prefill
 
 

@@ -7,7 +7,7 @@ import torch
 
 from leyline_sdk.core.directives import Directive, apply
 from leyline_sdk.core.fallbacks import SERVER_CODES
-from leyline_server.engines.values import SamplingParams
+from leyline_server.contract.values import SamplingParams
 from leyline_server.rope import RopeSpec
 from leyline_server.splice import FallbackCode, SpliceError
 from tests.server.engine_helpers import (

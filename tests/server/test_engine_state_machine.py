@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from leyline_sdk.core.directives import Directive, apply
-from leyline_server.engines.values import SamplingParams
+from leyline_server.contract.values import SamplingParams
 from tests.server.engine_helpers import engine, layer0_oracle_error, prefill, run_splice
 
 token = st.integers(min_value=7, max_value=1000)

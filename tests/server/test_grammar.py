@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from leyline_server.api.toolcalls import parse_tool_calls
+from leyline_server.contract.values import Constraint, ConstraintError
 from leyline_server.engines.grammar import GrammarBackend
-from leyline_server.engines.values import Constraint, ConstraintError
 from leyline_server.structured.schema import for_decoding, unenforced
 from leyline_server.structured.toolcall import CallLayout, ToolSpec, json_grammar, probe_layout, tool_call_tag
 

@@ -16,8 +16,8 @@ import time
 import pytest
 
 from leyline_sdk.render.tiny_tokenizer import load_tiny_tokenizer
+from leyline_server.contract.values import Constraint, ConstraintError
 from leyline_server.engines.grammar import GrammarBackend
-from leyline_server.engines.values import Constraint, ConstraintError
 
 
 def schema(properties: int) -> Constraint:

@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
+from leyline_server.contract.values import CacheScope
 from leyline_server.engines.embedded.radix import RadixCache
-from leyline_server.engines.values import CacheScope
 
 
 def slots(*xs):

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from leyline_server.contract.values import SamplingParams
 from leyline_server.engines.config import EngineConfig
 from leyline_server.engines.embedded.cache_adapter import layer0_keys
 from leyline_server.engines.embedded.presets import load_engine
-from leyline_server.engines.values import SamplingParams
 from leyline_server.kernels import rotate_copy
 from leyline_server.models import find_smollm2_gguf
 from leyline_server.rope import PairLayout

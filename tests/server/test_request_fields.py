@@ -11,8 +11,8 @@ from leyline_server.api.errors import APIError
 from leyline_server.api.fields import FIELDS
 from leyline_server.api.params import template_kwargs
 from leyline_server.api.schemas import ChatCompletionRequest
+from leyline_server.contract.values import Constraint, SamplingParams
 from leyline_server.engines.sglang.sampling import constraint_args, sampling_dict
-from leyline_server.engines.values import Constraint, SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from leyline_server.contract.values import SamplingParams
 from leyline_server.engines.embedded.sampling import Sampler
-from leyline_server.engines.values import SamplingParams
 from tests.server.engine_helpers import engine, prefill
 
 

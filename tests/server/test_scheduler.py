@@ -13,10 +13,10 @@ from collections import deque
 import pytest
 import torch
 
+from leyline_server.contract.jobs import PrefillJob
+from leyline_server.contract.values import CacheScope, CapacityError, SamplingParams
 from leyline_server.engines.embedded.serving import AsyncEmbeddedEngine
-from leyline_server.engines.jobs import PrefillJob
 from leyline_server.engines.scheduling import PrefillRequest, Stream, pick_chunks, pick_decodes
-from leyline_server.engines.values import CacheScope, CapacityError, SamplingParams
 from tests.server.engine_helpers import engine, prefill
 
 GREEDY = SamplingParams(max_tokens=10, ignore_eos=True)
@@ -199,7 +199,7 @@ async def _drain(stream) -> None:
 
 async def test_a_long_replacement_is_spliced_in_chunks_between_other_streams_steps():
     from leyline_sdk.core.directives import Directive
-    from leyline_server.engines.values import SpliceRequest
+    from leyline_server.contract.values import SpliceRequest
 
     base = [10 + i % 300 for i in range(120)]
     replacement = [400 + i % 200 for i in range(100)]
@@ -233,7 +233,7 @@ async def test_a_long_replacement_is_spliced_in_chunks_between_other_streams_ste
 
 async def test_a_turn_given_up_during_its_splice_aborts_it_and_frees_everything():
     from leyline_sdk.core.directives import Directive
-    from leyline_server.engines.values import SpliceRequest
+    from leyline_server.contract.values import SpliceRequest
 
     base = [10 + i % 300 for i in range(120)]
     replacement = [400 + i % 200 for i in range(3000)]

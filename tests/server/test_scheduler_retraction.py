@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 
+from leyline_server.contract.values import CacheScope, CapacityError, SamplingParams
 from leyline_server.engines.embedded.serving import AsyncEmbeddedEngine
 from leyline_server.engines.retraction import victim
-from leyline_server.engines.values import CacheScope, CapacityError, SamplingParams
 from tests.server.engine_helpers import engine, prefill
 
 LONG = SamplingParams(max_tokens=150, ignore_eos=True)

@@ -45,8 +45,8 @@ def test_the_parts_add_up_to_the_total_inside_the_clients_clock(http):
 
 async def test_the_engine_reports_its_queue_splice_and_prefill():
     from leyline_sdk.core.directives import Directive
+    from leyline_server.contract.values import CacheScope, SpliceRequest
     from leyline_server.engines.embedded.serving import AsyncEmbeddedEngine
-    from leyline_server.engines.values import CacheScope, SpliceRequest
     from tests.server.engine_helpers import engine
 
     front = AsyncEmbeddedEngine(engine("tiny-gqa", layers=2))

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
+from leyline_server.contract.values import CacheScope
 from leyline_server.engines.sglang.backend import ControlError
 from leyline_server.engines.sglang.client import FILL_MAX_NEW_TOKENS, SGLangClient
-from leyline_server.engines.values import CacheScope
 from tests.sglang.harness import Runtime
 
 

@@ -13,9 +13,9 @@ from leyline_sdk.core.directives import apply
 from leyline_sdk.render.tiny_tokenizer import load_tiny_tokenizer
 from leyline_server.api.app import create_app
 from leyline_server.api.service import LeylineService, ServerConfig
+from leyline_server.contract.values import SamplingParams, SpliceRequest
 from leyline_server.engines.sglang.launch import _model_info
 from leyline_server.engines.sglang.serving import AsyncSGLangEngine
-from leyline_server.engines.values import SamplingParams, SpliceRequest
 from tests.sglang.harness import Runtime
 from tests.sglang.test_splice import BASE, EDIT, SCOPE
 

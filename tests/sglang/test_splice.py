@@ -15,9 +15,9 @@ import torch
 
 from leyline_sdk.core.directives import Directive, apply
 from leyline_sdk.core.fallbacks import SERVER_CODES
+from leyline_server.contract.values import CacheScope, SpliceRequest
 from leyline_server.engines.sglang.backend import SGLangSpliceBackend, namespace
 from leyline_server.engines.sglang.launch import _model_info
-from leyline_server.engines.values import CacheScope, SpliceRequest
 from leyline_server.kernels import rotate_copy_torch
 from leyline_server.splice import FallbackCode, SpliceError, splice
 from tests.sglang.harness import Runtime, rotary_for

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from leyline_sdk.core.directives import Directive, apply
+from leyline_server.contract.values import CacheScope, SpliceRequest
 from leyline_server.engines.sglang.backend import namespace
-from leyline_server.engines.values import CacheScope, SpliceRequest
 from leyline_server.splice import splice
 from tests.sglang.harness import Runtime
 from tests.sglang.test_splice import backend, layer0_error, pinned_slots

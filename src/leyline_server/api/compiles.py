@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from leyline_server.api.errors import APIError
-from leyline_server.engines.values import Constraint, ConstraintError
+from leyline_server.contract.values import Constraint, ConstraintError
 
 __all__ = ["CompileGate", "Compiling"]
 

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from leyline_server.engines.values import GenerationStep, Turn
+from leyline_server.contract.values import GenerationStep, Turn
 
 __all__ = ["Completion", "sse", "usage", "logprob_entry"]
 

@@ -1,5 +1,5 @@
 """What a chat request asks the output to match: ``response_format``, SGLang's ``regex``/``ebnf``, and
-forced or strict tool calls, as one engine :class:`~leyline_server.engines.base.Constraint`.
+forced or strict tool calls, as one engine :class:`~leyline_server.contract.base.Constraint`.
 
 * ``response_format``: ``text`` (nothing), ``json_object`` (any JSON object), ``json_schema`` (the
   schema, whatever ``strict`` says: SGLang enforces it too), SGLang's ``structural_tag``;
@@ -27,7 +27,7 @@ from typing import Any
 from leyline_server.api.errors import APIError
 from leyline_server.api.schema_budget import SchemaBudget
 from leyline_server.api.tools import ToolPlan
-from leyline_server.engines.values import Constraint
+from leyline_server.contract.values import Constraint
 from leyline_server.structured.schema import for_decoding, unenforced
 from leyline_server.structured.toolcall import CallLayout, ToolSpec, json_grammar, probe_layout, tool_call_tag
 

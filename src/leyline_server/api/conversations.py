@@ -75,7 +75,7 @@ from leyline_sdk.render.rendering import normalize_messages
 from leyline_server.api.errors import APIError
 from leyline_server.api.render import BoundedChat, RenderService, message_digests
 from leyline_server.api.reuse import Reuse, best_reuse
-from leyline_server.engines.values import Handle, SpliceRequest
+from leyline_server.contract.values import Handle, SpliceRequest
 from leyline_server.sessions import Session, SessionStore
 
 __all__ = [

@@ -10,7 +10,7 @@ from leyline_sdk.core.errors import DirectiveError
 from leyline_sdk.core.fallbacks import FallbackCode
 from leyline_server.api.config import ServerConfig
 from leyline_server.api.errors import APIError
-from leyline_server.engines.values import Handle
+from leyline_server.contract.values import Handle
 
 __all__ = [
     "MAX_JSON_DEPTH",

@@ -23,7 +23,7 @@ from leyline_server.api.room import HEADROOM
 from leyline_server.api.service import ChatTurn, LeylineService
 from leyline_server.api.timings import Clock
 from leyline_server.api.turn_report import report_headers, turn_result
-from leyline_server.engines.values import CapacityError, SamplingParams
+from leyline_server.contract.values import CapacityError, SamplingParams
 
 __all__ = ["OpenTurn", "Delta"]
 

@@ -1,7 +1,7 @@
 """From a chat request to decoding parameters and template variables: honour every field, or refuse it by name.
 
 What each field does is :data:`leyline_server.api.fields.FIELDS`; this module turns the honoured
-ones into :class:`~leyline_server.engines.base.SamplingParams`, stop strings and chat template
+ones into :class:`~leyline_server.contract.base.SamplingParams`, stop strings and chat template
 keyword arguments. ``null`` is "unset" everywhere (OpenAI's and SGLang's defaults apply).
 """
 
@@ -15,7 +15,7 @@ from leyline_server.api.errors import APIError
 from leyline_server.api.fields import refuse_unsupported
 from leyline_server.api.limits import check_json_depth
 from leyline_server.api.schemas import ChatCompletionRequest
-from leyline_server.engines.values import Constraint, SamplingParams
+from leyline_server.contract.values import Constraint, SamplingParams
 
 __all__ = ["check_request", "sampling_params", "stop_strings", "template_kwargs"]
 

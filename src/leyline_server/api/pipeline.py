@@ -61,7 +61,7 @@ from leyline_server.api.service import ChatTurn, LeylineService, Prompt
 from leyline_server.api.session_choice import choose_session, held_session
 from leyline_server.api.timings import Clock
 from leyline_server.api.tools import ToolPlan, plan_tools
-from leyline_server.engines.values import (
+from leyline_server.contract.values import (
     PrefillProgress,
     SamplingParams,
 )

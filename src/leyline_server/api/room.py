@@ -30,8 +30,8 @@ from leyline_sdk.core.fallbacks import FallbackCode
 from leyline_server.api.admission import Admission, Ticket
 from leyline_server.api.errors import APIError
 from leyline_server.blocks import BlockStore
-from leyline_server.engines.base import Engine
-from leyline_server.engines.values import CapacityError
+from leyline_server.contract.base import Engine
+from leyline_server.contract.values import CapacityError
 from leyline_server.sessions import Session, SessionStore
 
 __all__ = ["Room", "HEADROOM"]

@@ -6,7 +6,7 @@ act on and the steps that touch the engine (:meth:`LeylineService.start_plain`,
 
 Threading: the event loop owns the session store and admission; chat templates render on the
 render threads (:mod:`.render`); every touch of the KV cache happens inside the engine
-(:class:`~leyline_server.engines.base.Engine`), which runs its own jobs. A request on a session
+(:class:`~leyline_server.contract.base.Engine`), which runs its own jobs. A request on a session
 holds that session (:meth:`SessionStore.use`) from the splice to the end of decoding.
 
 Every request's work is bounded before the engine allocates KV: the routes hold an admission
@@ -38,8 +38,9 @@ from leyline_server.api.room import Room
 from leyline_server.api.session_choice import directives_request
 from leyline_server.api.session_ops import SessionOps
 from leyline_server.blocks import BlockStore
-from leyline_server.engines.base import Engine
-from leyline_server.engines.values import (
+from leyline_server.contract.base import Engine
+from leyline_server.contract.report import Refused
+from leyline_server.contract.values import (
     CacheScope,
     CapacityError,
     Handle,
@@ -50,7 +51,6 @@ from leyline_server.engines.values import (
 )
 from leyline_server.sessions import Session, SessionStore
 from leyline_server.splice import SpliceError, validate
-from leyline_server.splice.report import Refused
 
 __all__ = ["ServerConfig", "LeylineService", "ChatTurn", "SessionPlan", "Prompt"]
 

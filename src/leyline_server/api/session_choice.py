@@ -24,7 +24,7 @@ from leyline_server.api.conversations import Conversations, Prompt
 from leyline_server.api.errors import APIError
 from leyline_server.api.limits import check_directives
 from leyline_server.blocks import BlockStore
-from leyline_server.engines.values import Handle, SpliceRequest
+from leyline_server.contract.values import Handle, SpliceRequest
 from leyline_server.sessions import Session, SessionStore
 
 

@@ -20,8 +20,8 @@ from leyline_server.api.limits import check_directives, check_tokens, overflow, 
 from leyline_server.api.metrics import Metrics
 from leyline_server.api.room import Room
 from leyline_server.blocks import Block, BlockStore
-from leyline_server.engines.base import Engine
-from leyline_server.engines.values import CacheScope, CapacityError, Handle, SpliceRequest
+from leyline_server.contract.base import Engine
+from leyline_server.contract.values import CacheScope, CapacityError, Handle, SpliceRequest
 from leyline_server.sessions import Session, SessionStore
 from leyline_server.splice import SpliceError, SpliceReport, strict_status
 

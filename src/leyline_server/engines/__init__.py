@@ -1,1 +1,1 @@
-"""Engines: where the KV cache lives. ``base`` is the contract; ``factory`` builds one from flags."""
+"""Engines: where the KV cache lives, behind :mod:`leyline_server.contract`; ``factory`` builds one from flags."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
-from leyline_server.engines.base import Engine
+from leyline_server.contract.base import Engine
 from leyline_server.engines.config import ENGINES, EngineConfig
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""Constrained decoding with xgrammar: a :class:`~leyline_server.engines.base.Constraint` compiled
+"""Constrained decoding with xgrammar: a :class:`~leyline_server.contract.base.Constraint` compiled
 for one tokenizer, and a per-request mask over the logits row (a logits processor, see
 ``engines.logits``).
 
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from leyline_server.engines.values import Constraint, ConstraintError
+from leyline_server.contract.values import Constraint, ConstraintError
 
 __all__ = ["GrammarBackend", "GrammarMask"]
 

@@ -19,7 +19,7 @@ In the shape of SGLang's ``retract_decode``, on the CPU engines' thread
 * **Resume.** Oldest retracted first, one at a time, once room came back (a stream ended, a
   release or another job ran, a prefill was dropped; with nothing else decoding, every second): a
   prefill of
-  the stream's context (:func:`~leyline_server.engines.jobs.context`), chunked like any other but
+  the stream's context (:func:`~leyline_server.contract.jobs.context`), chunked like any other but
   served before new prefills, reuses what is still cached (or restores the parked sequence) and
   recomputes the rest; then ``core.resume_decode`` and the stream decodes on from its pending
   token. What it generates is what it would have generated unretracted (greedy: the same
@@ -38,9 +38,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from leyline_server.engines.jobs import PrefillJob, context
+from leyline_server.contract.jobs import PrefillJob, context
+from leyline_server.contract.values import CapacityError
 from leyline_server.engines.scheduling import Stream
-from leyline_server.engines.values import CapacityError
 
 __all__ = ["Resume", "Retractions", "victim", "STUCK_S"]
 

@@ -1,7 +1,7 @@
 """The engine thread of the CPU engines: steps batched across streams, prefills chunked, keys taking turns.
 
 In the shape of vLLM's and SGLang's schedulers, on one thread that owns the engine core
-(:class:`~leyline_server.engines.base.SyncCore`). Its loop, each round:
+(:class:`~leyline_server.contract.base.SyncCore`). Its loop, each round:
 
 1. **jobs** — atomic calls (a release, a session's bookkeeping, :meth:`Scheduler.call`) queued
    before the round began run first, first come first served;
@@ -52,10 +52,10 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from leyline_server.engines.jobs import Chunk, DecodeJob
+from leyline_server.contract.jobs import Chunk, DecodeJob
+from leyline_server.contract.values import CapacityError, GenerationStep
 from leyline_server.engines.retraction import Retractions, victim
 from leyline_server.engines.scheduling import Planned, PrefillRequest, Stream, pick_chunks, pick_decodes
-from leyline_server.engines.values import CapacityError, GenerationStep
 
 __all__ = ["Scheduler", "RUN_AHEAD", "CHUNK_SIZE", "MAX_RUNNING", "MIN_CHUNK", "END"]
 

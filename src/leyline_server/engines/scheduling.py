@@ -20,10 +20,10 @@ from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from leyline_server.engines.jobs import DecodeJob, PrefillJob
-from leyline_server.engines.logits import Processors
-from leyline_server.engines.values import CacheScope, Handle, Logits, Prefilled, PrefillProgress, SamplingParams
-from leyline_server.splice.report import SpliceReport
+from leyline_server.contract.jobs import DecodeJob, PrefillJob
+from leyline_server.contract.logits import Processors
+from leyline_server.contract.report import SpliceReport
+from leyline_server.contract.values import CacheScope, Handle, Logits, Prefilled, PrefillProgress, SamplingParams
 
 __all__ = ["PrefillRequest", "Stream", "Planned", "pick_decodes", "pick_chunks"]
 

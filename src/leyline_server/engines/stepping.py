@@ -2,7 +2,7 @@
 
 The scheduler (:mod:`leyline_server.engines.scheduler`) mixes many jobs into each step; the splice
 executor, tests and benchmarks want one sequence at a time, synchronously. These two functions
-are that, on the same primitives (:class:`~leyline_server.engines.base.SyncCore`), so a core has
+are that, on the same primitives (:class:`~leyline_server.contract.base.SyncCore`), so a core has
 one way to compute KV whoever drives it.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
-from leyline_server.engines.jobs import Chunk
-from leyline_server.engines.logits import Processors
-from leyline_server.engines.values import CacheScope, GenerationStep, Handle, Logits, Prefilled, SamplingParams
+from leyline_server.contract.jobs import Chunk
+from leyline_server.contract.logits import Processors
+from leyline_server.contract.values import CacheScope, GenerationStep, Handle, Logits, Prefilled, SamplingParams
 
 __all__ = ["prefill_whole", "decode_steps"]
 

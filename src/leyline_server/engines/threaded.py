@@ -1,7 +1,7 @@
 """Engines whose model runs synchronously on one thread (embedded, llama.cpp) behind the async protocol.
 
-:class:`ThreadedEngine` puts a synchronous core (:class:`~leyline_server.engines.base.SyncCore`)
-behind :class:`~leyline_server.engines.base.Engine`. Its thread is a
+:class:`ThreadedEngine` puts a synchronous core (:class:`~leyline_server.contract.base.SyncCore`)
+behind :class:`~leyline_server.contract.base.Engine`. Its thread is a
 :class:`~leyline_server.engines.scheduler.Scheduler`: running streams decode together in one
 batched forward per step, prefills are cut into chunks that share those steps, keys take turns,
 and a stream decodes at most ``RUN_AHEAD`` tokens past what its consumer has taken. A turn's
@@ -23,12 +23,9 @@ from typing import Any, Generic
 
 import anyio
 
-from leyline_server.engines.base import StageT, SyncCore
-from leyline_server.engines.grammar import GrammarBackend
-from leyline_server.engines.logits import LogitsProcessor, Processors, SuppressUntil
-from leyline_server.engines.scheduler import END, RUN_AHEAD, Scheduler
-from leyline_server.engines.scheduling import PrefillRequest, Stream
-from leyline_server.engines.values import (
+from leyline_server.contract.base import StageT, SyncCore
+from leyline_server.contract.logits import LogitsProcessor, Processors, SuppressUntil
+from leyline_server.contract.values import (
     CacheScope,
     Constraint,
     ConstraintError,
@@ -42,6 +39,9 @@ from leyline_server.engines.values import (
     Turn,
     set_kept,
 )
+from leyline_server.engines.grammar import GrammarBackend
+from leyline_server.engines.scheduler import END, RUN_AHEAD, Scheduler
+from leyline_server.engines.scheduling import PrefillRequest, Stream
 from leyline_server.splice import SpliceReport, settle_forget, splice, splice_for_turn
 
 __all__ = ["ThreadedEngine", "RUN_AHEAD", "COMPILE_THREADS"]
@@ -51,9 +51,9 @@ COMPILE_THREADS = 4  # grammars compiling at once (one per key: ``api.compiles``
 
 
 class ThreadedEngine(Generic[StageT]):
-    """A synchronous engine core on its own thread, as an :class:`~leyline_server.engines.base.Engine`.
+    """A synchronous engine core on its own thread, as an :class:`~leyline_server.contract.base.Engine`.
 
-    ``core`` is a :class:`~leyline_server.engines.base.SyncCore`: the splice primitives plus the
+    ``core`` is a :class:`~leyline_server.contract.base.SyncCore`: the splice primitives plus the
     batched steps the scheduler drives, and ``close()``. ``tokenizer`` (a transformers tokenizer)
     is what constraints are compiled for.
     """
@@ -157,7 +157,7 @@ class ThreadedEngine(Generic[StageT]):
     ) -> tuple[Prefilled, SpliceReport | None, dict[str, float]]:
         """Queue a prefill on the scheduler and wait for it; a requester that goes (this call
         cancelled) gives it up: the scheduler drops it before its next chunk, and a session's old
-        base is handed back on the cancellation (:func:`~leyline_server.engines.values.set_kept`).
+        base is handed back on the cancellation (:func:`~leyline_server.contract.values.set_kept`).
 
         A turn with a splice (``prepare``) is given up only until its splice has finished: after it,
         the session is neither its old base nor the prompt, a base its client cannot recognise, so

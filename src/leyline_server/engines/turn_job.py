@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from leyline_server.engines.base import SpliceBackend
-from leyline_server.engines.values import CacheScope, Handle, SpliceRequest, Turn
+from leyline_server.contract.base import SpliceBackend
+from leyline_server.contract.values import CacheScope, Handle, SpliceRequest, Turn
 from leyline_server.splice import splice
 
 __all__ = ["run_turn"]

@@ -14,10 +14,10 @@ from typing import Any, TypeVar
 
 from leyline_sdk.core.directives import Directive, KeptRun, apply, check, digest
 from leyline_sdk.core.errors import DirectiveError
-from leyline_server.engines.base import SpliceBackend, StageT
-from leyline_server.engines.values import CapacityError, Handle, ModelInfo, SpliceRequest
+from leyline_server.contract.base import SpliceBackend, StageT
+from leyline_server.contract.report import FallbackCode, FallbackInfo, Refused, SpliceError, SpliceReport
+from leyline_server.contract.values import CapacityError, Handle, ModelInfo, SpliceRequest
 from leyline_server.splice.plan import Fill, SplicePlan, plan_splice
-from leyline_server.splice.report import FallbackCode, FallbackInfo, Refused, SpliceError, SpliceReport
 
 __all__ = ["splice", "splice_for_turn", "settle_forget", "validate", "CANARY_TOKENS"]
 

@@ -1,6 +1,6 @@
 """The embedded engine's batched steps: prefill chunks and decode tokens of many sequences, one forward.
 
-The jobs' lives are drawn in :mod:`leyline_server.engines.jobs`. Slots while a job runs: a
+The jobs' lives are drawn in :mod:`leyline_server.contract.jobs`. Slots while a job runs: a
 prefill job holds its locked cache hit plus the slots of the chunks computed so far (in flight:
 allocated, in no radix node, so no eviction can take them); a decode job holds its handle's
 locked path plus one in-flight slot per generated token whose KV exists. Finishing inserts them
@@ -21,14 +21,9 @@ from typing import Any, Protocol
 
 import torch
 
-from leyline_server.engines.embedded.mirror import MirrorStore
-from leyline_server.engines.embedded.packed import Segment, forward_packed
-from leyline_server.engines.embedded.pool import SlotPool
-from leyline_server.engines.embedded.radix import Node
-from leyline_server.engines.embedded.sampling import Sampler
-from leyline_server.engines.jobs import Chunk, DecodeJob, PrefillJob, StepFailures, chunk_tokens
-from leyline_server.engines.logits import Processors
-from leyline_server.engines.values import (
+from leyline_server.contract.jobs import Chunk, DecodeJob, PrefillJob, StepFailures, chunk_tokens
+from leyline_server.contract.logits import Processors
+from leyline_server.contract.values import (
     CacheScope,
     CapacityError,
     GenerationStep,
@@ -37,6 +32,11 @@ from leyline_server.engines.values import (
     Prefilled,
     SamplingParams,
 )
+from leyline_server.engines.embedded.mirror import MirrorStore
+from leyline_server.engines.embedded.packed import Segment, forward_packed
+from leyline_server.engines.embedded.pool import SlotPool
+from leyline_server.engines.embedded.radix import Node
+from leyline_server.engines.embedded.sampling import Sampler
 
 __all__ = ["Pinned", "SlotEngine", "SlotPrefill", "SlotDecode", "start_prefill", "forward", "finish_prefill"]
 __all__ += ["abort_prefill", "start_decode", "sample", "finish_decode", "retract_decode", "resume_decode"]

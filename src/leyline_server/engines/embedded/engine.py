@@ -1,7 +1,7 @@
 """Embedded engine core: slot pool + radix prefix cache + transformers forward (synchronous).
 
 Everything here runs on one thread (:class:`~leyline_server.engines.embedded.serving.AsyncEmbeddedEngine`
-owns that thread). It implements :class:`~leyline_server.engines.base.SpliceBackend`:
+owns that thread). It implements :class:`~leyline_server.contract.base.SpliceBackend`:
 
 * ``prefill`` — cache a sequence reusing the longest prefix cached in its scope;
 * ``begin`` / ``move`` / ``fill`` / ``canary`` / ``commit`` / ``abort`` — the splice stages,
@@ -18,18 +18,9 @@ from typing import Any
 import torch
 
 from leyline_sdk.core.directives import KeptRun
-from leyline_server.engines.config import DEFAULT_ROTATION_BUDGET, context_window
-from leyline_server.engines.config import canary_tolerance as canary_tolerance_of
-from leyline_server.engines.embedded import batch
-from leyline_server.engines.embedded.batch import Pinned, SlotDecode, SlotPrefill
-from leyline_server.engines.embedded.cache_adapter import check_layer_types, forward_with_slots, layer0_keys
-from leyline_server.engines.embedded.mirror import MirrorStore
-from leyline_server.engines.embedded.pool import SlotPool
-from leyline_server.engines.embedded.radix import RadixCache
-from leyline_server.engines.jobs import Chunk, DecodeJob, PrefillJob, StepFailures
-from leyline_server.engines.logits import Processors
-from leyline_server.engines.stepping import decode_steps, prefill_whole
-from leyline_server.engines.values import (
+from leyline_server.contract.jobs import Chunk, DecodeJob, PrefillJob, StepFailures
+from leyline_server.contract.logits import Processors
+from leyline_server.contract.values import (
     SHARED,
     CacheScope,
     CanaryResult,
@@ -40,6 +31,15 @@ from leyline_server.engines.values import (
     Prefilled,
     SamplingParams,
 )
+from leyline_server.engines.config import DEFAULT_ROTATION_BUDGET, context_window
+from leyline_server.engines.config import canary_tolerance as canary_tolerance_of
+from leyline_server.engines.embedded import batch
+from leyline_server.engines.embedded.batch import Pinned, SlotDecode, SlotPrefill
+from leyline_server.engines.embedded.cache_adapter import check_layer_types, forward_with_slots, layer0_keys
+from leyline_server.engines.embedded.mirror import MirrorStore
+from leyline_server.engines.embedded.pool import SlotPool
+from leyline_server.engines.embedded.radix import RadixCache
+from leyline_server.engines.stepping import decode_steps, prefill_whole
 from leyline_server.kernels import Backend, rotate_copy
 from leyline_server.rope import RopeSpec
 
@@ -210,7 +210,7 @@ class EmbeddedEngine:
         return decode_steps(self, handle, last_logits, params, delivered, processors)
 
     def start_prefill(self, tokens: Sequence[int], scope: CacheScope, previous: Handle | None = None) -> SlotPrefill:
-        """See :class:`~leyline_server.engines.base.SyncCore`."""
+        """See :class:`~leyline_server.contract.base.SyncCore`."""
         return batch.start_prefill(self, tokens, scope, previous)
 
     def forward(self, chunks: Sequence[Chunk], decodes: Sequence[DecodeJob]) -> StepFailures:
@@ -218,33 +218,33 @@ class EmbeddedEngine:
         return batch.forward(self, chunks, decodes)
 
     def finish_prefill(self, job: PrefillJob) -> Prefilled:
-        """See :class:`~leyline_server.engines.base.SyncCore`."""
+        """See :class:`~leyline_server.contract.base.SyncCore`."""
         return batch.finish_prefill(self, job)
 
     def abort_prefill(self, job: PrefillJob) -> None:
-        """See :class:`~leyline_server.engines.base.SyncCore`."""
+        """See :class:`~leyline_server.contract.base.SyncCore`."""
         batch.abort_prefill(self, job)
 
     def start_decode(
         self, handle: Handle, last_logits: torch.Tensor, params: SamplingParams, processors: Processors | None = None
     ) -> SlotDecode:
-        """See :class:`~leyline_server.engines.base.SyncCore`."""
+        """See :class:`~leyline_server.contract.base.SyncCore`."""
         return batch.start_decode(self, handle, last_logits, params, processors)
 
     def sample(self, job: DecodeJob) -> GenerationStep:
-        """See :class:`~leyline_server.engines.base.SyncCore`."""
+        """See :class:`~leyline_server.contract.base.SyncCore`."""
         return batch.sample(self, job)
 
     def finish_decode(self, job: DecodeJob, delivered: int) -> None:
-        """See :class:`~leyline_server.engines.base.SyncCore`."""
+        """See :class:`~leyline_server.contract.base.SyncCore`."""
         batch.finish_decode(self, job, delivered)
 
     def retract_decode(self, job: DecodeJob) -> None:
-        """See :class:`~leyline_server.engines.base.SyncCore` (its KV becomes evictable cache)."""
+        """See :class:`~leyline_server.contract.base.SyncCore` (its KV becomes evictable cache)."""
         batch.retract_decode(self, job)
 
     def resume_decode(self, job: DecodeJob, prefilled: Prefilled) -> None:
-        """See :class:`~leyline_server.engines.base.SyncCore`."""
+        """See :class:`~leyline_server.contract.base.SyncCore`."""
         batch.resume_decode(self, job, prefilled)
 
     # -- splice stages (SpliceBackend) ------------------------------------------------------------

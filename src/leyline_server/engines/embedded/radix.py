@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import torch
 
-from leyline_server.engines.values import SHARED, CacheScope
+from leyline_server.contract.values import SHARED, CacheScope
 
 __all__ = ["RadixCache", "Node", "MatchResult", "InsertResult"]
 

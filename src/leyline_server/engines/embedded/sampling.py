@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import torch
 
-from leyline_server.engines.logits import Processors
-from leyline_server.engines.values import GenerationStep, SamplingParams, TokenLogprob
+from leyline_server.contract.logits import Processors
+from leyline_server.contract.values import GenerationStep, SamplingParams, TokenLogprob
 
 __all__ = ["Sampler"]
 

@@ -1,4 +1,4 @@
-"""The embedded engine behind the service-facing :class:`~leyline_server.engines.base.Engine` protocol."""
+"""The embedded engine behind the service-facing :class:`~leyline_server.contract.base.Engine` protocol."""
 
 from __future__ import annotations
 

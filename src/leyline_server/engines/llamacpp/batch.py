@@ -1,6 +1,6 @@
 """The llama.cpp engine's batched steps: prefill chunks and decode tokens of many sequences, one ``llama_decode``.
 
-The jobs' lives are drawn in :mod:`leyline_server.engines.jobs`; each job works on one cache
+The jobs' lives are drawn in :mod:`leyline_server.contract.jobs`; each job works on one cache
 entry (one llama.cpp sequence of the unified pool), and no two jobs of a step share one.
 
 * A prefill job's entry is pinned (never evicted, never taken over by another prefill) and
@@ -34,11 +34,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from leyline_server.engines.jobs import Chunk, DecodeJob, PrefillJob, StepFailures, chunk_tokens
+from leyline_server.contract.jobs import Chunk, DecodeJob, PrefillJob, StepFailures, chunk_tokens
+from leyline_server.contract.logits import Processors
+from leyline_server.contract.values import CapacityError, GenerationStep, Handle, Prefilled, SamplingParams
 from leyline_server.engines.llamacpp.cache import Entry, SequenceCache
 from leyline_server.engines.llamacpp.lib import LlamaContext, TokenSampler, logprobs
-from leyline_server.engines.logits import Processors
-from leyline_server.engines.values import CapacityError, GenerationStep, Handle, Prefilled, SamplingParams
 
 __all__ = ["SeqPrefill", "SeqDecode", "OutputRow", "forward", "start_decode", "sample", "finish_decode"]
 __all__ += ["retract_decode", "resume_decode"]
@@ -95,7 +95,7 @@ def _checked(chunks: Sequence[Chunk], decodes: Sequence[DecodeJob]) -> tuple[lis
 
 
 def forward(cache: SequenceCache, chunks: Sequence[Chunk], decodes: Sequence[DecodeJob]) -> StepFailures:
-    """One step over every chunk and decode token (see :meth:`~leyline_server.engines.base.SyncCore.forward`).
+    """One step over every chunk and decode token (see :meth:`~leyline_server.contract.base.SyncCore.forward`).
 
     When the pool cannot make room for all of it, the chunks fail (:class:`CapacityError`) and
     the decodes are tried alone; when even they do not fit, they fail too.
@@ -211,7 +211,7 @@ def start_decode(
 
 
 def sample(ctx: LlamaContext, decode: DecodeJob) -> GenerationStep:
-    """The next token from ``decode``'s logits (see :meth:`~leyline_server.engines.base.SyncCore.sample`).
+    """The next token from ``decode``'s logits (see :meth:`~leyline_server.contract.base.SyncCore.sample`).
 
     Processors mask the row before the sampler reads it: a copy of a copied row, llama.cpp's own
     buffer for a row still there. Logprobs are of the raw row (before processors and penalties).

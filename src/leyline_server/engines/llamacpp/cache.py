@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from leyline_server.contract.values import CacheScope, CapacityError
 from leyline_server.engines.llamacpp.lib import LlamaContext
-from leyline_server.engines.values import CacheScope, CapacityError
 
 __all__ = ["Entry", "SequenceCache", "LIFT_BUFFER_MAX"]
 

@@ -24,11 +24,11 @@ import llama_cpp as L
 import numpy as np
 from llama_cpp._ggml import libggml
 
+from leyline_server.contract.values import CanaryResult
 from leyline_server.engines.llamacpp.cache import SequenceCache
 from leyline_server.engines.llamacpp.lib import ContextConfig, LlamaContext, LlamaModel
 from leyline_server.engines.llamacpp.stage import Stage, land
 from leyline_server.engines.llamacpp.state import layer0_keys
-from leyline_server.engines.values import CanaryResult
 
 __all__ = ["KeyProbe", "reference_keys", "run_canary", "staged_keys", "verified_probe"]
 

@@ -1,7 +1,7 @@
 """The llama.cpp engine core: sequences of one unified KV pool as cache entries (synchronous).
 
 Everything here runs on one thread (:class:`~leyline_server.engines.llamacpp.serving.AsyncLlamaCppEngine`
-owns it). It implements :class:`~leyline_server.engines.base.SpliceBackend`:
+owns it). It implements :class:`~leyline_server.contract.base.SpliceBackend`:
 
 * ``prefill`` — reuse the longest visible prefix of any entry (``seq_cp``: shared cells), or
   take over the caller's previous sequence, and decode the rest;
@@ -16,7 +16,7 @@ owns it). It implements :class:`~leyline_server.engines.base.SpliceBackend`:
 * ``canary`` reads rotated layer-0 keys back through the state API and compares them with the
   keys of the same tokens decoded alone at the same positions (layer-0 keys depend on nothing else),
   computed by a small second context that stops after layer 0 (:mod:`.canary`);
-* batched steps (:class:`~leyline_server.engines.base.SyncCore`, :mod:`.batch`): prefill chunks
+* batched steps (:class:`~leyline_server.contract.base.SyncCore`, :mod:`.batch`): prefill chunks
   and decode tokens of many sequences in one ``llama_decode``, each stream sampled by its own
   chain from its row in place; ``prefill`` and ``decode`` drive them for one sequence.
 """
@@ -29,20 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from leyline_sdk.core.directives import KeptRun
-from leyline_server.engines.config import DEFAULT_ROTATION_BUDGET, context_window
-from leyline_server.engines.config import canary_tolerance as canary_tolerance_of
-from leyline_server.engines.jobs import Chunk, DecodeJob, PrefillJob, StepFailures
-from leyline_server.engines.llamacpp import batch
-from leyline_server.engines.llamacpp.batch import SeqDecode, SeqPrefill, finish_decode, forward, sample, start_decode
-from leyline_server.engines.llamacpp.cache import Entry, SequenceCache
-from leyline_server.engines.llamacpp.canary import run_canary, verified_probe
-from leyline_server.engines.llamacpp.lib import ContextConfig, LlamaContext, LlamaModel, default_threads
-from leyline_server.engines.llamacpp.parking import ParkingPolicy, focus
-from leyline_server.engines.llamacpp.shift import verified_shifter
-from leyline_server.engines.llamacpp.stage import Stage, land, move_block, prepare
-from leyline_server.engines.logits import Processors
-from leyline_server.engines.stepping import decode_steps, prefill_whole
-from leyline_server.engines.values import (
+from leyline_server.contract.jobs import Chunk, DecodeJob, PrefillJob, StepFailures
+from leyline_server.contract.logits import Processors
+from leyline_server.contract.values import (
     SHARED,
     CacheScope,
     CanaryResult,
@@ -53,6 +42,17 @@ from leyline_server.engines.values import (
     Prefilled,
     SamplingParams,
 )
+from leyline_server.engines.config import DEFAULT_ROTATION_BUDGET, context_window
+from leyline_server.engines.config import canary_tolerance as canary_tolerance_of
+from leyline_server.engines.llamacpp import batch
+from leyline_server.engines.llamacpp.batch import SeqDecode, SeqPrefill, finish_decode, forward, sample, start_decode
+from leyline_server.engines.llamacpp.cache import Entry, SequenceCache
+from leyline_server.engines.llamacpp.canary import run_canary, verified_probe
+from leyline_server.engines.llamacpp.lib import ContextConfig, LlamaContext, LlamaModel, default_threads
+from leyline_server.engines.llamacpp.parking import ParkingPolicy, focus
+from leyline_server.engines.llamacpp.shift import verified_shifter
+from leyline_server.engines.llamacpp.stage import Stage, land, move_block, prepare
+from leyline_server.engines.stepping import decode_steps, prefill_whole
 
 __all__ = ["LlamaCppEngine", "SeqHandle", "SCRATCH", "COPY", "CANARY_SEQS"]
 SCRATCH, COPY = 0, 1  # reserved sequence ids: fills, copies and read-backs

@@ -22,7 +22,7 @@ from typing import Any
 import llama_cpp as L
 import numpy as np
 
-from leyline_server.engines.values import SamplingParams, TokenLogprob
+from leyline_server.contract.values import SamplingParams, TokenLogprob
 
 __all__ = [
     "KV_TYPES",

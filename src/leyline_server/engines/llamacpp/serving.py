@@ -1,4 +1,4 @@
-"""The llama.cpp engine behind the service-facing :class:`~leyline_server.engines.base.Engine` protocol.
+"""The llama.cpp engine behind the service-facing :class:`~leyline_server.contract.base.Engine` protocol.
 
 All llama.cpp work runs on the scheduler's one engine thread (a context is not thread-safe), in
 batched steps; see ``engines.threaded`` and ``engines.scheduler``. Closing the engine frees
@@ -17,7 +17,7 @@ __all__ = ["AsyncLlamaCppEngine"]
 
 
 class AsyncLlamaCppEngine(ThreadedEngine[Stage]):
-    """:class:`LlamaCppEngine` on its own thread, as an :class:`~leyline_server.engines.base.Engine`."""
+    """:class:`LlamaCppEngine` on its own thread, as an :class:`~leyline_server.contract.base.Engine`."""
 
     def __init__(self, core: LlamaCppEngine, tokenizer: object = None, **scheduling: Any) -> None:
         """``scheduling``: the scheduler's ``chunk_size``, ``max_running`` and ``ahead``."""

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from leyline_sdk.core.directives import KeptRun
+from leyline_server.contract.values import CapacityError, Handle
 from leyline_server.engines.llamacpp.cache import Entry, SequenceCache
 from leyline_server.engines.llamacpp.shift import KeyShifter
 from leyline_server.engines.llamacpp.state import StateBlob
-from leyline_server.engines.values import CapacityError, Handle
 
 __all__ = ["Stage", "prepare", "land", "move_block"]
 

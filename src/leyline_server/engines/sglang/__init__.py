@@ -23,7 +23,7 @@ old rows into them (:func:`~leyline_server.kernels.rotate_copy_layers`) and inse
 path. No slot is ever held outside the tree between iterations (SGLang's idle leak check).
 
 Privacy: SGLang partitions its tree by ``cache_salt`` from the root down, so a session's requests
-carry the namespace of its :class:`~leyline_server.engines.base.CacheScope` (salt + session tag)
+carry the namespace of its :class:`~leyline_server.contract.base.CacheScope` (salt + session tag)
 from the first one on. Its rotated KV is matched only by the session; the price is that sessions
 do not share prefixes with each other (requests without a session share per salt).
 

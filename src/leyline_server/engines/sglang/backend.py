@@ -27,8 +27,8 @@ from typing import Any, Protocol
 
 from leyline_sdk.core.directives import KeptRun
 from leyline_sdk.core.fallbacks import FallbackCode
+from leyline_server.contract.values import CacheScope, CanaryResult, CapacityError, Handle, ModelInfo, Prefilled
 from leyline_server.engines.config import DEFAULT_ROTATION_BUDGET
-from leyline_server.engines.values import CacheScope, CanaryResult, CapacityError, Handle, ModelInfo, Prefilled
 
 __all__ = ["ControlError", "SGLangHandle", "SGLangSpliceBackend", "Transport", "namespace"]
 
@@ -127,7 +127,7 @@ def _steps(stage: _Stage) -> list[tuple[int, tuple[int, ...] | _Move]]:
 
 
 class SGLangSpliceBackend:
-    """:class:`~leyline_server.engines.base.SpliceBackend` over SGLang (see the module docstring).
+    """:class:`~leyline_server.contract.base.SpliceBackend` over SGLang (see the module docstring).
 
     ``rotation_budget``: how often one slot's key may be rotated before splices touching it are
     refused (``drift_budget``), as on the embedded engine. Thread-safe: each call is independent.

@@ -15,8 +15,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from leyline_server.contract.values import ModelInfo
 from leyline_server.engines.config import DEFAULT_ROTATION_BUDGET
-from leyline_server.engines.values import ModelInfo
 from leyline_server.rope import RopeSpec
 
 __all__ = ["REFUSED", "build_sglang_engine", "check_server_args", "sglang_argv", "sglang_help"]

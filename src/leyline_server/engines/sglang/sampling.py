@@ -6,7 +6,7 @@ tuples); :class:`StepReader` turns each chunk into the steps not yet seen, the l
 the finish reason. Logprobs are SGLang's (it reports them before temperature scaling unless
 configured otherwise); SGLang stops on the model's EOS tokens plus ``stop_token_ids``.
 
-A :class:`~leyline_server.engines.base.Constraint` becomes the SGLang sampling parameter of the
+A :class:`~leyline_server.contract.base.Constraint` becomes the SGLang sampling parameter of the
 same name (``json_schema``, ``regex``, ``ebnf``, ``structural_tag``), which SGLang's grammar backend
 (xgrammar by default) compiles. SGLang compiles JSON schemas with free whitespace unless it was
 launched with ``--constrained-json-disable-any-whitespace`` (the other engines' compact form);
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from leyline_server.engines.values import Constraint, GenerationStep, SamplingParams, TokenLogprob
+from leyline_server.contract.values import Constraint, GenerationStep, SamplingParams, TokenLogprob
 
 __all__ = ["StepReader", "sampling_dict", "logprob_args", "constraint_args"]
 

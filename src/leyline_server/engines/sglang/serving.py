@@ -1,4 +1,4 @@
-"""The SGLang engine behind the service-facing :class:`~leyline_server.engines.base.Engine` protocol.
+"""The SGLang engine behind the service-facing :class:`~leyline_server.contract.base.Engine` protocol.
 
 Splices and prefills run the executor on worker threads (each blocks on round trips to the
 schedulers, so several sessions proceed at once); decoding is SGLang's own streaming request,
@@ -20,11 +20,7 @@ from typing import Any, Protocol, TypeVar
 
 import anyio
 
-from leyline_server.engines.config import DEFAULT_ROTATION_BUDGET
-from leyline_server.engines.sglang.backend import SGLangHandle, SGLangSpliceBackend, Transport
-from leyline_server.engines.sglang.sampling import StepReader, logprob_args, sampling_dict
-from leyline_server.engines.turn_job import run_turn
-from leyline_server.engines.values import (
+from leyline_server.contract.values import (
     CacheScope,
     Constraint,
     GenerationStep,
@@ -35,6 +31,10 @@ from leyline_server.engines.values import (
     SpliceRequest,
     Turn,
 )
+from leyline_server.engines.config import DEFAULT_ROTATION_BUDGET
+from leyline_server.engines.sglang.backend import SGLangHandle, SGLangSpliceBackend, Transport
+from leyline_server.engines.sglang.sampling import StepReader, logprob_args, sampling_dict
+from leyline_server.engines.turn_job import run_turn
 from leyline_server.splice import SpliceReport, splice
 
 __all__ = ["AsyncSGLangEngine", "Client"]
@@ -57,7 +57,7 @@ class Client(Transport, Protocol):
 
 
 class AsyncSGLangEngine:
-    """:class:`SGLangSpliceBackend` and SGLang's streaming, as an :class:`~leyline_server.engines.base.Engine`.
+    """:class:`SGLangSpliceBackend` and SGLang's streaming, as an :class:`~leyline_server.contract.base.Engine`.
 
     ``shutdown`` stops SGLang's processes on :meth:`close`.
     """

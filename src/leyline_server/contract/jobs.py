@@ -1,6 +1,6 @@
 """The work a batching engine core does step by step: prefills in chunks, decodes one token at a time.
 
-A :class:`~leyline_server.engines.base.BatchCore` hands these out and advances them; the
+A :class:`~leyline_server.contract.base.BatchCore` hands these out and advances them; the
 scheduler (:mod:`leyline_server.engines.scheduler`) decides what goes into each step. Engines
 subclass both jobs to carry their own references (slots, a sequence); the scheduler reads only
 what is declared here.
@@ -31,8 +31,8 @@ from typing import NamedTuple
 
 from typing_extensions import Self
 
-from leyline_server.engines.logits import Processors
-from leyline_server.engines.values import CacheScope, Handle, Logits, SamplingParams
+from leyline_server.contract.logits import Processors
+from leyline_server.contract.values import CacheScope, Handle, Logits, SamplingParams
 
 __all__ = ["PrefillJob", "DecodeJob", "Chunk", "StepFailures", "chunk_tokens", "context"]
 

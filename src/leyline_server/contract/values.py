@@ -1,6 +1,6 @@
 """The engine seam's value types: handles, scopes, model info, sampling, turns, steps.
 
-What crosses the seam between the service and an engine (:mod:`leyline_server.engines.base`
+What crosses the seam between the service and an engine (:mod:`leyline_server.contract.base`
 holds the contract itself). Everything here is a plain value: no engine, no HTTP.
 """
 
@@ -15,7 +15,7 @@ from typing_extensions import Self
 
 if TYPE_CHECKING:
     from leyline_sdk.core.directives import Directive
-    from leyline_server.splice.report import SpliceReport
+    from leyline_server.contract.report import SpliceReport
 
 __all__ = [
     "CacheScope",

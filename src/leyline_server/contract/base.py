@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from leyline_server.engines.values import (
+from leyline_server.contract.values import (
     CacheScope,
     CanaryResult,
     Constraint,
@@ -48,9 +48,9 @@ from leyline_server.engines.values import (
 
 if TYPE_CHECKING:
     from leyline_sdk.core.directives import KeptRun
-    from leyline_server.engines.jobs import Chunk, DecodeJob, PrefillJob, StepFailures
-    from leyline_server.engines.logits import Processors
-    from leyline_server.splice.report import SpliceReport
+    from leyline_server.contract.jobs import Chunk, DecodeJob, PrefillJob, StepFailures
+    from leyline_server.contract.logits import Processors
+    from leyline_server.contract.report import SpliceReport
 
 __all__ = ["Engine", "SpliceBackend", "StageT", "SyncCore"]
 
@@ -111,7 +111,7 @@ class SyncCore(SpliceBackend[StageT], Protocol[StageT]):
     primitives plus batched steps (prefill chunks and decode tokens of many sequences in one
     forward), driven by :class:`~leyline_server.engines.scheduler.Scheduler` behind
     :class:`~leyline_server.engines.threaded.ThreadedEngine`. The jobs' lives are drawn in
-    :mod:`leyline_server.engines.jobs`.
+    :mod:`leyline_server.contract.jobs`.
 
     ``prefill`` (from :class:`SpliceBackend`) and ``decode`` are the same primitives driven for one
     sequence (:mod:`leyline_server.engines.stepping`): the splice executor, tests and benchmarks
@@ -163,7 +163,7 @@ class SyncCore(SpliceBackend[StageT], Protocol[StageT]):
 
     def resume_decode(self, job: DecodeJob, prefilled: Prefilled) -> None:
         """Bind a retracted job to ``prefilled``, the finished prefill of its
-        :func:`~leyline_server.engines.jobs.context` (started with ``previous=job.handle``): it
+        :func:`~leyline_server.contract.jobs.context` (started with ``previous=job.handle``): it
         decodes on from ``pending``."""
         ...
 
