@@ -1,4 +1,13 @@
-"""The one turn job every engine runs where its KV lives: splice if asked, prefill, release on error."""
+"""The turn as one job, for an engine whose own scheduler orders the work (SGLang).
+
+Every engine's turn is the same three steps: the splice for the turn
+(:func:`~leyline_server.splice.splice_for_turn`: a ``forget``, asked or a fallback, is left to the
+prefill), the prompt's prefill from what the splice returned, and a deferred forget's counts
+settled (:func:`~leyline_server.splice.settle_forget`). The threaded engines run these steps on
+their scheduler, the splice and the prefill in chunks between other keys' work
+(:meth:`~leyline_server.engines.threaded.ThreadedEngine.start_turn`); :func:`run_turn` runs them
+in one go.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +16,7 @@ from typing import Any
 
 from leyline_server.contract.base import SpliceBackend
 from leyline_server.contract.values import CacheScope, Handle, SpliceRequest, Turn
-from leyline_server.splice import splice
+from leyline_server.splice import drain, settle_forget, splice_for_turn
 
 __all__ = ["run_turn"]
 
@@ -27,11 +36,13 @@ def run_turn(
     """
     handle, report = session, None
     if handle is not None and request is not None and request.directives:
-        handle, report = splice(backend, handle, request)
+        handle, report = drain(splice_for_turn(backend, handle, request))
     try:
         result = backend.prefill(prompt, scope, previous=handle)
     except BaseException:
         if handle is not None:
             backend.release(handle)
         raise
+    if report is not None and report.deferred:
+        report = settle_forget(report, result.reused)
     return Turn(result.handle, list(prompt), report, result.reused, result.approximate, result.last_logits)
