@@ -1,10 +1,10 @@
 """The turn as one job (``engines/turn_job.py``, what the SGLang engine runs), on the embedded
 engine's core, which is a ``SpliceBackend`` as SGLang's is.
 
-Oracle: a fresh prefill of the turn's prompt. A ``forget`` (asked) is left to the turn's prefill
-and its counts settled afterwards, as the threaded engines do it: the turn's logits are the fresh
-prefill's and no KV is approximate. An ``amortize`` splice on a one-layer model (where the
-δ-rotation is exact) gives the fresh prefill's logits to rounding.
+Oracle: a fresh prefill of the turn's prompt. A ``forget`` (asked): the turn's logits are the
+fresh prefill's, the prefix before the edit reused, the rest computed, no KV approximate. An
+``amortize`` splice on a one-layer model (where the δ-rotation is exact) gives the fresh
+prefill's logits to rounding.
 """
 
 from __future__ import annotations

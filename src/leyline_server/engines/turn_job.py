@@ -1,12 +1,10 @@
-"""The turn as one job, for an engine whose own scheduler orders the work (SGLang).
+"""The turn as one job, for an engine whose own scheduler orders the work (SGLang): splice if asked
+(a ``forget`` computed inside the splice), prefill, release on error.
 
-Every engine's turn is the same three steps: the splice for the turn
-(:func:`~leyline_server.splice.splice_for_turn`: a ``forget``, asked or a fallback, is left to the
-prefill), the prompt's prefill from what the splice returned, and a deferred forget's counts
-settled (:func:`~leyline_server.splice.settle_forget`). The threaded engines run these steps on
-their scheduler, the splice and the prefill in chunks between other keys' work
-(:meth:`~leyline_server.engines.threaded.ThreadedEngine.start_turn`); :func:`run_turn` runs them
-in one go.
+The threaded engines (embedded, llama.cpp) run the same splice executor on their scheduler as
+:func:`~leyline_server.splice.splice_for_turn`, which leaves a ``forget`` to the turn's prefill
+and settles its counts after it. Running that form here too changes which tokens SGLang's cache
+holds after a forget (``tests/sglang/test_gpu_bench.py``), so the two forms stay for now.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ from typing import Any
 
 from leyline_server.contract.base import SpliceBackend
 from leyline_server.contract.values import CacheScope, Handle, SpliceRequest, Turn
-from leyline_server.splice import drain, settle_forget, splice_for_turn
+from leyline_server.splice import splice
 
 __all__ = ["run_turn"]
 
@@ -36,13 +34,11 @@ def run_turn(
     """
     handle, report = session, None
     if handle is not None and request is not None and request.directives:
-        handle, report = drain(splice_for_turn(backend, handle, request))
+        handle, report = splice(backend, handle, request)
     try:
         result = backend.prefill(prompt, scope, previous=handle)
     except BaseException:
         if handle is not None:
             backend.release(handle)
         raise
-    if report is not None and report.deferred:
-        report = settle_forget(report, result.reused)
     return Turn(result.handle, list(prompt), report, result.reused, result.approximate, result.last_logits)

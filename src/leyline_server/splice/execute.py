@@ -19,7 +19,7 @@ from leyline_server.contract.report import FallbackCode, FallbackInfo, Refused, 
 from leyline_server.contract.values import CapacityError, Handle, ModelInfo, SpliceRequest
 from leyline_server.splice.plan import Fill, SplicePlan, plan_splice
 
-__all__ = ["splice", "splice_for_turn", "settle_forget", "drain", "validate", "CANARY_TOKENS"]
+__all__ = ["splice", "splice_for_turn", "settle_forget", "validate", "CANARY_TOKENS"]
 
 CANARY_TOKENS = 4
 T = TypeVar("T")
@@ -234,7 +234,7 @@ def splice(engine: SpliceBackend[StageT], handle: Handle, request: SpliceRequest
     """
     lease = _Lease(engine, handle)
     try:
-        spliced, report = drain(_splice(engine, lease, request, time.perf_counter()))
+        spliced, report = _drain(_splice(engine, lease, request, time.perf_counter()))
         assert spliced is not None  # nothing deferred
         return spliced, report
     except SpliceError:
@@ -244,8 +244,8 @@ def splice(engine: SpliceBackend[StageT], handle: Handle, request: SpliceRequest
         raise
 
 
-def drain(steps: Generator[None, None, T]) -> T:
-    """Run a generator to its end (``splice_for_turn``'s, where nothing waits between chunks); its return value."""
+def _drain(steps: Generator[None, None, T]) -> T:
+    """Run a generator to its end; its return value."""
     while True:
         try:
             next(steps)
