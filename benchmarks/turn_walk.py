@@ -151,15 +151,17 @@ def plain_turns(url: str, protocol: str) -> Callable[[], Any]:
     return turn
 
 
-def trace_turns() -> dict[str, tuple[Walk, Walk]]:
-    """Each kind of turn's (client, server) walk, on a fresh in-process server."""
+def trace_turns(plain: bool = True) -> dict[str, tuple[Walk, Walk]]:
+    """Each kind of turn's (client, server) walk, on a fresh in-process server (``plain=False``:
+    the SDK turn's only)."""
     from leyline_server.local import local_service, serve_in_thread
 
     recorder = Recorder()
     rows: dict[str, tuple[Walk, Walk]] = {}
     with recorder.installed(), serve_in_thread(local_service(MODEL, kv_budget_mb=64)) as url:
         kinds = {SDK_TURN: sdk_turns(url)}
-        kinds |= {f"plain {p} turn": plain_turns(url, p) for p in ("chat", "responses", "messages")}
+        if plain:
+            kinds |= {f"plain {p} turn": plain_turns(url, p) for p in ("chat", "responses", "messages")}
         for name, turn in kinds.items():
             turn()  # warm-up: the conversation's first turn, lazy imports and first compiles
             rows[name] = recorder.trace(turn)

@@ -29,6 +29,6 @@ def test_every_file_the_architecture_walk_names_runs_in_the_turn():
     walk = (ROOT / "docs" / "architecture.md").read_text().split("## One turn, in order")[1].split("\n## ")[0]
     named = set(re.findall(r"^\d+\. `(src/[\w/]+\.py)`", walk, flags=re.M))
     assert len(named) >= 14, named
-    client, server = trace_turns()[SDK_TURN]
+    client, server = trace_turns(plain=False)[SDK_TURN]
     assert "src/leyline_server/splice/execute.py" in server.files  # the traced turn was spliced
     assert named <= set(client.files) | set(server.files), sorted(named - set(client.files) - set(server.files))
