@@ -183,9 +183,8 @@ class Conversations:
         digests = message_digests(msgs, tools)
         session, state, proven = self._match(owner, msgs, hints, digests)
         start = state.snapshot if state else None
-        not_for_me = state is not None and (
-            state.private and client_mode is not Mode.AMORTIZE or exact and _approximate(session)
-        )
+        approximate = session is not None and _approximate(session.handle)
+        not_for_me = state is not None and (state.private and client_mode is not Mode.AMORTIZE or exact and approximate)
         if not_for_me:  # its approximate KV is not for this turn: a new session
             session, state, proven = None, None, False
         if state is not None and state.transcript.tools and not tools:
@@ -198,8 +197,7 @@ class Conversations:
             return None
         transcript = Transcript(msgs, tools, rendered)
         turn = RecognisedTurn(list(rendered.tokens), transcript, snapshot, hints, digests[-1], client_mode)
-        turn.session, turn.state, turn.reply_proven, turn.splice = session, state, proven, splice
-        turn.exact = exact
+        turn.session, turn.state, turn.reply_proven, turn.splice, turn.exact = session, state, proven, splice, exact
         if session is None and splice and client_mode is Mode.AMORTIZE:
             turn.reuse = best_reuse(self._cached_paths(owner, hints), turn.tokens)
         return turn
@@ -305,7 +303,7 @@ class Conversations:
         now (its reply comes later). A turn that asked for amortize and holds approximate KV makes
         the session private to such turns (see the module docstring)."""
         private = isinstance(session.auto, ConversationState) and session.auto.private
-        if turn.client_mode is Mode.AMORTIZE and handle is not None and handle.exact < handle.cached:
+        if turn.client_mode is Mode.AMORTIZE and _approximate(handle):
             private = True
         self.forget(session)
         session.auto = ConversationState(turn.transcript, turn.snapshot, turn.hints, turn.digest, private=private)
@@ -329,9 +327,8 @@ class Conversations:
         session.auto = None
 
 
-def _approximate(session: Session | None) -> bool:
-    """Whether ``session``'s KV holds approximate rows (a splice's, in ``amortize`` mode)."""
-    handle = session.handle if session is not None else None
+def _approximate(handle: Handle | None) -> bool:
+    """Whether ``handle``'s KV holds approximate rows (a splice's, in ``amortize`` mode)."""
     return handle is not None and handle.exact < handle.cached
 
 
