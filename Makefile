@@ -1,7 +1,8 @@
 # Two entry points that work on a fresh machine: `make demo` and `make test`.
 #
 # PyTorch: with no GPU (no nvidia-smi), the CPU build comes from PyTorch's CPU wheel index
-# (falling back to the default index if that cannot be reached); with a GPU, the default
+# (the default index if that cannot be reached: probed once, so pip does not retry it for every
+# dependency); with a GPU, the default
 # (CUDA) build. Force one with `make TORCH_INDEX=https://download.pytorch.org/whl/cu128 ...`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -33,10 +34,13 @@ $(STAMP): pyproject.toml
 	elif command -v nvidia-smi >/dev/null 2>&1; then \
 		echo "    a GPU is present: the default (CUDA) build, several GB"; \
 		$(PY) -m pip install torch==$(TORCH_VERSION); \
-	else \
+	elif $(PY) -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=10)" 2>/dev/null; then \
 		echo "    no GPU: the CPU build from $(TORCH_CPU_INDEX) (about 200 MB)"; \
 		$(PY) -m pip install --index-url "$(TORCH_CPU_INDEX)" torch==$(TORCH_VERSION) \
-		|| { echo "    the CPU index cannot be reached: the default index"; $(PY) -m pip install torch==$(TORCH_VERSION); }; \
+		|| { echo "    the CPU index failed: the default index"; $(PY) -m pip install torch==$(TORCH_VERSION); }; \
+	else \
+		echo "    no GPU, and $(TORCH_CPU_INDEX) cannot be reached: torch from the default index"; \
+		$(PY) -m pip install torch==$(TORCH_VERSION); \
 	fi
 	@echo "==> [4/4] installing Leyline with its server, models and dev extras (transformers, triton ~1 GB, ...)"
 	$(PY) -m pip install -e '.[server,models,dev]'

@@ -13,6 +13,12 @@ A :class:`RopeSpec` answers, for the rows of a slot pool laid out like the model
   config, so ``default``, ``linear``, ``yarn`` and ``llama3`` scaling match the model bit for bit.
   YaRN's ``attention_scaling`` (mscale) is already inside every cached key: the shift is a *unit*
   rotation and never applies it again.
+* **each layer's own rotation and window** — models that mix sliding-window (local) and global
+  layers may give each kind its own RoPE (Gemma 3: local base 10k, global 1M). ``layers`` then
+  holds one :class:`LayerRope` per decoder layer (its frequencies, its window, whether it has
+  attention sinks) and a δ-rotation rotates each layer with its own frequencies
+  (:meth:`RopeSpec.layer_runs`). A window changes nothing in the rotation: the engines keep every
+  row of a windowed layer while it may be spliced, and attention applies the window by position.
 * **whether a shift is valid at all** — ``dynamic`` NTK and ``longrope`` frequencies depend on the
   sequence length and are not closed under shifting; absolute position embeddings cannot be
   shifted; ALiBi/NoPE keys carry no position (a free shift, ``rotary_dim == 0``). Unknown model
@@ -28,7 +34,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["PairLayout", "RopeSpec", "rope_spec_from_config"]
+__all__ = ["LayerRope", "PairLayout", "RopeSpec", "rope_spec_from_config"]
 
 
 class PairLayout(str, Enum):
@@ -38,8 +44,29 @@ class PairLayout(str, Enum):
     HALF_SPLIT = "half_split"  # (i, i + d/2), "neox" / rotate_half
 
 
+class LayerRope(BaseModel):
+    """One decoder layer's attention as a splice sees it: its rotation and its window.
+
+    ``window``: the layer attends over the last ``window`` positions only (sliding-window, local
+    attention); ``None``: over every position (global). ``sinks``: the layer has learned attention
+    sinks (gpt-oss), logits outside the cache that a splice never touches.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    inv_freq: tuple[float, ...]
+    rope_type: str = "default"
+    attention_scaling: float = 1.0
+    window: int | None = None
+    sinks: bool = False
+
+
 class RopeSpec(BaseModel):
-    """Everything a δ-rotation needs to know about one model's cached keys."""
+    """Everything a δ-rotation needs to know about one model's cached keys.
+
+    ``inv_freq``/``rope_type``/``attention_scaling`` are layer 0's; ``layers``, when the model
+    declares per-layer attention kinds, holds every layer's own (:meth:`for_layer`).
+    """
 
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
@@ -52,6 +79,46 @@ class RopeSpec(BaseModel):
     inv_freq: tuple[float, ...] = ()
     rope_type: str = "none"
     attention_scaling: float = 1.0
+    layers: tuple[LayerRope, ...] = ()
+
+    def for_layer(self, layer: int) -> RopeSpec:
+        """The spec of decoder layer ``layer`` alone: its own frequencies, no per-layer list."""
+        if not self.layers:
+            return self
+        own = self.layers[layer]
+        return self.model_copy(
+            update={
+                "inv_freq": own.inv_freq,
+                "rope_type": own.rope_type,
+                "attention_scaling": own.attention_scaling,
+                "layers": (),
+            }
+        )
+
+    def layer_runs(self, n_layers: int) -> list[tuple[int, int, RopeSpec]]:
+        """Runs ``(start, stop, spec)`` of consecutive layers that rotate alike, covering ``n_layers``.
+
+        One run for a model whose layers share their frequencies; ``ValueError`` when ``layers``
+        does not describe ``n_layers`` layers.
+        """
+        if not self.layers:
+            return [(0, n_layers, self)]
+        if len(self.layers) != n_layers:
+            raise ValueError(f"the RoPE spec describes {len(self.layers)} layers, the pool holds {n_layers}")
+        runs: list[tuple[int, int, RopeSpec]] = []
+        for i, layer in enumerate(self.layers):
+            if runs and self.layers[runs[-1][0]].inv_freq == layer.inv_freq:
+                runs[-1] = (runs[-1][0], i + 1, runs[-1][2])
+            else:
+                runs.append((i, i + 1, self.for_layer(i)))
+        if len({r[2].inv_freq for r in runs}) == 1:
+            return [(0, n_layers, self.for_layer(0))]
+        return runs
+
+    @property
+    def windows(self) -> tuple[int | None, ...]:
+        """Each layer's sliding window (``None``: global); empty when the model declares no kinds."""
+        return tuple(layer.window for layer in self.layers)
 
     def inv_freq_tensor(self, device: torch.device | str = "cpu") -> torch.Tensor:
         """The fp32 inverse frequencies, ``rotary_dim // 2`` of them."""
@@ -97,7 +164,11 @@ _ROPE_FAMILIES: dict[str, tuple[str, str, PairLayout | None, str]] = {
     "phi3": ("phi3", "Phi3RotaryEmbedding", PairLayout.HALF_SPLIT, "gqa"),
     "stablelm": ("stablelm", "StableLmRotaryEmbedding", PairLayout.HALF_SPLIT, "gqa"),
     "gemma": ("gemma", "GemmaRotaryEmbedding", PairLayout.HALF_SPLIT, "gqa"),
+    "gemma2": ("gemma2", "Gemma2RotaryEmbedding", PairLayout.HALF_SPLIT, "gqa"),
+    "gemma3_text": ("gemma3", "Gemma3RotaryEmbedding", PairLayout.HALF_SPLIT, "gqa"),
+    "gpt_oss": ("gpt_oss", "GptOssRotaryEmbedding", PairLayout.HALF_SPLIT, "gqa"),
 }
+_SINKS = {"gpt_oss"}  # families whose attention layers carry learned sinks
 _POSITION_FREE = {"bloom": "ALiBi", "mpt": "ALiBi"}
 _ABSOLUTE = {"gpt2", "opt", "gpt_bigcode", "bert", "roberta", "gpt_neo", "biogpt", "xglm"}
 _SHIFTABLE_ROPE_TYPES = {"default", "linear", "yarn", "llama3"}
@@ -128,18 +199,22 @@ def rope_spec_from_config(config: Any) -> RopeSpec:
     if model_type not in _ROPE_FAMILIES:
         return _unshiftable(model_type, f"unknown model type {model_type!r}: Leyline does not guess a RoPE layout")
 
-    params = _rope_parameters(config)
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type in _UNSHIFTABLE_ROPE_TYPES:
-        return _unshiftable(model_type, f"rope_type={rope_type!r}: {_UNSHIFTABLE_ROPE_TYPES[rope_type]}")
-    if rope_type not in _SHIFTABLE_ROPE_TYPES:
-        return _unshiftable(model_type, f"rope_type={rope_type!r} is not supported")
+    rope_types = _rope_types(config)
+    for rope_type in rope_types.values():
+        if rope_type in _UNSHIFTABLE_ROPE_TYPES:
+            return _unshiftable(model_type, f"rope_type={rope_type!r}: {_UNSHIFTABLE_ROPE_TYPES[rope_type]}")
+        if rope_type not in _SHIFTABLE_ROPE_TYPES:
+            return _unshiftable(model_type, f"rope_type={rope_type!r} is not supported")
 
     module_name, class_name, layout, kind = _ROPE_FAMILIES[model_type]
     module = importlib.import_module(f"transformers.models.{module_name}.modeling_{module_name}")
     rotary = getattr(module, class_name)(config=config)
-    inv_freq = rotary.inv_freq.detach().to(torch.float32).cpu()
+    layers = _layer_ropes(config, rotary, rope_types, sinks=model_type in _SINKS)
+    first = layers[0] if layers else None
+    inv_freq = torch.tensor(first.inv_freq) if first else rotary.inv_freq.detach().to(torch.float32).cpu()
     rotary_dim = 2 * inv_freq.numel()
+    if any(len(layer.inv_freq) != inv_freq.numel() for layer in layers):
+        return _unshiftable(model_type, "layers rotate different numbers of dimensions")
     if kind == "mla":
         offset = int(config.kv_lora_rank)
         if rotary_dim != int(config.qk_rope_head_dim):
@@ -156,6 +231,48 @@ def rope_spec_from_config(config: Any) -> RopeSpec:
         rotary_dim=rotary_dim,
         layout=layout or PairLayout.HALF_SPLIT,
         inv_freq=tuple(float(x) for x in inv_freq.tolist()),
-        rope_type=rope_type,
-        attention_scaling=float(getattr(rotary, "attention_scaling", 1.0)),
+        rope_type=first.rope_type if first else rope_types[""],
+        attention_scaling=first.attention_scaling if first else float(getattr(rotary, "attention_scaling", 1.0)),
+        layers=() if _alike(layers) else layers,
     )
+
+
+def _alike(layers: tuple[LayerRope, ...]) -> bool:
+    """Whether every layer rotates alike and attends globally: nothing per layer worth keeping."""
+    return len(set(layers)) <= 1 and all(layer.window is None and not layer.sinks for layer in layers)
+
+
+def _rope_types(config: Any) -> dict[str, str]:
+    """The RoPE type of each attention kind (``""`` when one set of parameters serves every layer)."""
+    params = _rope_parameters(config)
+    kinds = set(getattr(config, "layer_types", None) or ())
+    if params and kinds and set(params) <= kinds:  # per kind (Gemma 3: sliding_attention, full_attention)
+        return {k: (v or {}).get("rope_type", (v or {}).get("type", "default")) for k, v in params.items()}
+    return {"": params.get("rope_type", params.get("type", "default"))}
+
+
+def _layer_ropes(config: Any, rotary: Any, rope_types: dict[str, str], sinks: bool) -> tuple[LayerRope, ...]:
+    """One :class:`LayerRope` per decoder layer when the config declares ``layer_types``, else ``()``.
+
+    A rotary module with per-kind frequencies holds them as ``{kind}_inv_freq`` (transformers'
+    Gemma 3); otherwise every layer shares ``inv_freq``.
+    """
+    kinds = getattr(config, "layer_types", None)
+    if not kinds:
+        return ()
+    window = getattr(config, "sliding_window", None)
+    out = []
+    for kind in kinds:
+        inv = getattr(rotary, f"{kind}_inv_freq", None)
+        inv = rotary.inv_freq if inv is None else inv
+        scaling = getattr(rotary, f"{kind}_attention_scaling", None)
+        out.append(
+            LayerRope(
+                inv_freq=tuple(float(x) for x in inv.detach().to(torch.float32).cpu().tolist()),
+                rope_type=rope_types.get(kind, rope_types.get("", "default")),
+                attention_scaling=float(scaling if scaling is not None else getattr(rotary, "attention_scaling", 1.0)),
+                window=int(window) if kind == "sliding_attention" and window else None,
+                sinks=sinks,
+            )
+        )
+    return tuple(out)

@@ -2,7 +2,8 @@
 
 Tests, benchmarks and the demo need real model code without weights. These configs keep every
 architectural feature that matters to a splice (MLA latent + k_pe, GQA heads, partial rotary,
-YaRN/llama3/linear scaling) at toy sizes. ``initializer_range=0.2``: at the default 0.02 the
+YaRN/llama3/linear scaling, sliding-window layers with their own RoPE base, attention sinks) at toy
+sizes. ``initializer_range=0.2``: at the default 0.02 the
 logits are so flat that broken variants look correct.
 
     model = build_model(tiny_config("deepseek_v2", layers=1))
@@ -71,6 +72,17 @@ _FAMILY: dict[str, dict[str, Any]] = {
     "phi3": {"num_key_value_heads": 2, "partial_rotary_factor": 0.5, "pad_token_id": 0, "eos_token_id": 2},
     "stablelm": {"num_key_value_heads": 2, "partial_rotary_factor": 0.25},
     "gemma": {"num_key_value_heads": 2, "head_dim": 32},
+    # local layers see the last 8 positions; Gemma 3: local RoPE base 10k, global 1M (its defaults)
+    "gemma2": {"num_key_value_heads": 2, "head_dim": 16, "sliding_window": 8},
+    "gemma3_text": {"num_key_value_heads": 2, "head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 16},
+    "gpt_oss": {
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "sliding_window": 8,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "max_position_embeddings": 131072,  # YaRN factor 32 over 4,096 original positions
+    },
 }
 
 
@@ -142,7 +154,13 @@ PRESETS: dict[str, tuple[str, dict[str, Any] | None, dict[str, Any]]] = {
     # a tiny model with a long context for the real agent clients (Codex ~22k, Claude Code ~46k
     # tokens of the tiny tokenizer), whose sampled replies end within a few tokens (see _end_often)
     "tiny-gqa-long": ("llama", None, {"max_position_embeddings": 131072, "rope_theta": 1e6, "leyline_end_odds": 0.5}),
+    # sliding-window shapes (layer kinds from _layer_kinds): Gemma 3 (5 local : 1 global, two RoPE
+    # bases) and gpt-oss (alternating local and global layers, attention sinks, YaRN)
+    "tiny-gemma3": ("gemma3_text", None, {}),
+    "tiny-gptoss": ("gpt_oss", None, {}),
 }
+# (local, global) layers in each repeating group of a windowed preset; the last layer is global
+_LOCAL_GLOBAL = {"gemma3_text": (5, 1), "gpt_oss": (1, 1)}
 
 
 def preset_config(name: str, layers: int = 2, **overrides: Any) -> Any:
@@ -150,4 +168,15 @@ def preset_config(name: str, layers: int = 2, **overrides: Any) -> Any:
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; presets: {sorted(PRESETS)}")
     model_type, rope, extra = PRESETS[name]
+    if model_type in _LOCAL_GLOBAL and "layer_types" not in overrides:
+        extra = {**extra, "layer_types": _layer_kinds(layers, *_LOCAL_GLOBAL[model_type])}
     return tiny_config(model_type, layers=layers, rope=rope, **{**extra, **overrides})
+
+
+def _layer_kinds(layers: int, local: int, every: int) -> list[str]:
+    """``local`` sliding-window layers then ``every`` global ones, repeated; the last layer global
+    (so that a two-layer preset holds both kinds)."""
+    period = local + every
+    kinds = ["sliding_attention" if i % period < local else "full_attention" for i in range(layers)]
+    kinds[-1] = "full_attention"
+    return kinds

@@ -37,13 +37,19 @@ CASES = {
     "phi3-partial": ("phi3", None, {}),
     "stablelm-partial": ("stablelm", None, {}),
     "gemma": ("gemma", None, {}),
+    # sliding-window shapes: local and global layers alternate (so that three layers hold both)
+    "gemma2-windowed": ("gemma2", None, {}),
+    "gemma3_text-two-bases": ("gemma3_text", None, {"sliding_window_pattern": 2}),
+    "gpt_oss-sinks-yarn": ("gpt_oss", None, {}),
 }
 
 
 def cached_pool(model, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """The model's cache as a slot pool ``[L, T, H, D]`` (MLA rows: ``[latent | k_pe]``)."""
-    with torch.no_grad():
-        out = model(input_ids=ids[None], position_ids=positions[None], use_cache=True)
+    from transformers import DynamicCache
+
+    with torch.no_grad():  # a cache of full layers: a sliding-window layer's keeps every row too
+        out = model(input_ids=ids[None], position_ids=positions[None], use_cache=True, cache=DynamicCache())
     cache = out.cache
     layers = []
     for layer in cache.layers:
@@ -86,7 +92,18 @@ def test_layer0_key_rotated_equals_model_key(name):
 
 
 @pytest.mark.parametrize(
-    "name", ["deepseek_v2-yarn", "deepseek_v3-interleave-yarn", "llama-llama3", "qwen3", "phi3-partial", "olmo2"]
+    "name",
+    [
+        "deepseek_v2-yarn",
+        "deepseek_v3-interleave-yarn",
+        "llama-llama3",
+        "qwen3",
+        "phi3-partial",
+        "olmo2",
+        "gemma2-windowed",
+        "gemma3_text-two-bases",
+        "gpt_oss-sinks-yarn",
+    ],
 )
 def test_uniform_shift_matches_every_layer(name):
     old = torch.arange(40, 60)
@@ -158,3 +175,34 @@ def test_alibi_shifts_for_free():
 
     spec = rope_spec_from_config(BloomConfig())
     assert spec.shiftable and spec.rotary_dim == 0
+
+
+def test_each_layer_rotates_with_its_own_base():
+    """Gemma 3's global layers use base 1M, its local ones 10k: layer 1 (global) rotated with
+    layer 0's frequencies misses the model's own key by O(1); with its own it matches."""
+    old = torch.arange(40, 60)
+
+    def layer0_everywhere(spec):
+        return spec.model_copy(update={"layers": ()})
+
+    right, expected, spec = shifted_matches("gemma3_text-two-bases", 2, old, old + 1234)
+    wrong, _, _ = shifted_matches("gemma3_text-two-bases", 2, old, old + 1234, mutate_spec=layer0_everywhere)
+    assert [layer.window for layer in spec.layers] == [8, None]
+    assert spec.layers[0].inv_freq != spec.layers[1].inv_freq
+    torch.testing.assert_close(right, expected, rtol=1e-4, atol=1e-4)
+    assert (wrong[1] - expected[1]).abs().max().item() > 0.1
+    torch.testing.assert_close(wrong[0], expected[0], rtol=1e-4, atol=1e-4)
+
+
+def test_layer_kinds_are_read_from_the_config():
+    gemma3 = rope_spec_from_config(tiny_config("gemma3_text", layers=6, sliding_window=512))
+    assert [layer.window for layer in gemma3.layers] == [512] * 5 + [None]
+    bases = {round(1 / layer.inv_freq[1] ** (16 / 2)) for layer in gemma3.layers}  # inv_freq[1] = base^(-2/16)
+    assert bases == {10_000, 1_000_000}
+    assert [(a, b) for a, b, _ in gemma3.layer_runs(6)] == [(0, 5), (5, 6)]
+    oss = rope_spec_from_config(tiny_config("gpt_oss", layers=4))
+    assert [(layer.window, layer.sinks) for layer in oss.layers] == [(8, True), (None, True)] * 2
+    assert oss.rope_type == "yarn" and [(a, b) for a, b, _ in oss.layer_runs(4)] == [(0, 4)]
+    assert rope_spec_from_config(tiny_config("llama", layers=3)).layers == ()  # nothing per layer to say
+    with pytest.raises(ValueError, match="describes 6 layers"):
+        gemma3.layer_runs(2)

@@ -7,6 +7,7 @@ Pool layout (one tensor for all layers, rows are what the model caches per token
     values [L, S, Hv, Dv] GQA only; copied, never rotated
 
 For every layer and every i: ``keys[l, dst[i]] = rotate(keys[l, src[i]], new_pos[i] - old_pos[i])``
+(with layer ``l``'s own frequencies where the model's layers differ, :meth:`RopeSpec.layer_runs`)
 where only ``D[rotary_offset : rotary_offset + rotary_dim]`` rotates (pairs per ``spec.layout``)
 and the rest is copied. The angle of pair j is ``fp32(new·θ_j) − fp32(old·θ_j)`` — the phases
 the model itself computed — subtracted exactly (fp64) and applied as a *unit* rotation in fp32,
@@ -23,7 +24,7 @@ import torch
 from leyline_server.kernels.phases import CHUNK, rotate_slice_, shift_cos_sin, triton_usable
 from leyline_server.rope import RopeSpec
 
-__all__ = ["rotate_copy", "rotate_copy_torch", "shift_cos_sin", "validate_pool", "Backend"]
+__all__ = ["rotate_copy", "rotate_copy_torch", "shift_cos_sin", "validate_pool", "check_layers", "Backend"]
 
 Backend = Literal["auto", "torch", "cpu", "triton"]
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -40,15 +41,17 @@ def rotate_copy_torch(
 ) -> None:
     """Plain-torch implementation (CPU default and the test oracle); see the module docstring.
 
-    Works layer by layer in chunks of tokens: gather (a copy, so ``src == dst`` is safe), rotate
-    the slice in fp32, scatter.
+    Works layer by layer (each with its own frequencies, :meth:`RopeSpec.for_layer`) in chunks of
+    tokens: gather (a copy, so ``src == dst`` is safe), rotate the slice in fp32, scatter.
     """
     width = spec.rotary_dim
     lo, hi = spec.rotary_offset, spec.rotary_offset + width
+    n = src_slots.numel()
     if width:
         cos, sin = shift_cos_sin(old_pos, new_pos, spec)
-    n = src_slots.numel()
     for layer in range(keys.shape[0]):
+        if width and spec.layers:  # the layer's own frequencies where layers differ
+            cos, sin = shift_cos_sin(old_pos, new_pos, spec.for_layer(layer))
         pool = keys[layer]
         for a in range(0, n, CHUNK):
             src, dst = src_slots[a : a + CHUNK], dst_slots[a : a + CHUNK]
@@ -111,6 +114,13 @@ def validate_pool(
         raise ValueError("values must be [layers, slots, heads, dim] with the keys' layers and slots")
 
 
+def check_layers(spec: RopeSpec, n_layers: int) -> None:
+    """``ValueError`` unless ``spec``'s per-layer rotations (if any) describe ``n_layers`` layers alike wide."""
+    for _, _, layer_spec in spec.layer_runs(n_layers):
+        if len(layer_spec.inv_freq) != spec.rotary_dim // 2:
+            raise ValueError("every layer's inverse frequencies must number rotary_dim // 2")
+
+
 def rotate_copy(
     keys: torch.Tensor,
     src_slots: torch.Tensor,
@@ -130,8 +140,25 @@ def rotate_copy(
     Raises ``ValueError`` on bad shapes, dtypes, slot indices, or an unshiftable spec.
     """
     validate_pool(keys, src_slots, dst_slots, old_pos, new_pos, spec, values)
+    check_layers(spec, keys.shape[0])
     if src_slots.numel() == 0:
         return
+    for start, stop, layer_spec in spec.layer_runs(keys.shape[0]):  # one run unless layers differ
+        part = values[start:stop] if values is not None else None
+        _rotate_alike(keys[start:stop], src_slots, dst_slots, old_pos, new_pos, layer_spec, part, backend)
+
+
+def _rotate_alike(
+    keys: torch.Tensor,
+    src_slots: torch.Tensor,
+    dst_slots: torch.Tensor,
+    old_pos: torch.Tensor,
+    new_pos: torch.Tensor,
+    spec: RopeSpec,
+    values: torch.Tensor | None,
+    backend: Backend,
+) -> None:
+    """:func:`rotate_copy` over layers that share one rotation (``spec`` without per-layer parts)."""
     use_triton = backend == "triton" or (backend == "auto" and keys.device.type == "cuda")
     if use_triton:
         if not triton_usable(keys.device):

@@ -160,7 +160,11 @@ def layer0_keys(model: Any, tokens: list[int], positions: torch.Tensor, latent: 
     pos = positions.to(torch.long)[:, None]
     hidden = inner.embed_tokens(ids)
     cache = DynamicCache(config=model.config)
-    position_embeddings = inner.rotary_emb(hidden, pos)
+    kinds = getattr(model.config, "layer_types", None)
+    if kinds and hasattr(inner.rotary_emb, f"{kinds[0]}_inv_freq"):  # per-kind RoPE (Gemma 3)
+        position_embeddings = inner.rotary_emb(hidden, pos, kinds[0])
+    else:
+        position_embeddings = inner.rotary_emb(hidden, pos)
     inner.layers[0](
         hidden,
         attention_mask=None,
