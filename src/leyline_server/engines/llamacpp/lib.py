@@ -80,6 +80,7 @@ class LlamaModel:
         self.kv_row = (head_k + head_v) * int(L.llama_model_n_head_kv(self.ptr))  # K+V elements per layer
         self.rope_type = int(L.llama_model_rope_type(self.ptr))  # llama_rope_type: NONE -1, NORM 0, NEOX 2, ...
         self.size_bytes = int(L.llama_model_size(self.ptr))  # the weights every decode step reads
+        self.n_swa = int(L.llama_model_n_swa(self.ptr))  # sliding window of its local layers (0: none)
 
     def cell_bytes(self, kv_type: str) -> int:
         """KV bytes one cache cell takes over all layers with ``kv_type`` (float32, float16, bfloat16)."""

@@ -26,7 +26,7 @@ from leyline_server.engines.llamacpp.state import StateBlob
 from leyline_server.kernels.rotate_cpu import rotate_rows
 from leyline_server.rope import PairLayout
 
-__all__ = ["KeyShifter", "verified_shifter"]
+__all__ = ["KeyShifter", "unshiftable_reason", "verified_shifter"]
 
 _NORM, _NEOX = 0, 2  # llama_rope_type
 
@@ -119,3 +119,17 @@ def verified_shifter(
         ctx.seq_rm(a)
         ctx.seq_rm(b)
     return shifter
+
+
+def unshiftable_reason(window: int) -> str:
+    """Why the llama.cpp engine serves a model's splices as forget."""
+    if window:
+        return (
+            f"sliding-window layers (window {window}): llama.cpp keeps only the last {window} positions' KV of "
+            "those layers, which a splice may bring back into the window; its splices are served as forget "
+            "(the embedded engine splices such models)"
+        )
+    return (
+        "llama.cpp cannot shift this model's KV cache (llama_memory_can_shift is false: M-RoPE or recurrent "
+        "memory): its splices are served as forget"
+    )
