@@ -158,3 +158,22 @@ def test_rope_spec_from_sglang_rotary_classes():
     dynamic = rope_spec_from_rotary(rotary_for(config, "mha", {"rope_type": "dynamic", "factor": 2.0}), 0, "llama")
     assert not dynamic.shiftable and "DynamicNTKScalingRotaryEmbedding" in dynamic.reason
     assert not rope_spec_from_rotary(None, 0, "x").shiftable
+
+
+def test_a_model_whose_layers_rotate_differently_is_found():
+    """Gemma 3's shape: SGLang builds each layer's own rotary module (local base 10k, global 1M);
+    the spec reads layer 0's, so a model whose layers differ must be refused, not rotated wrong."""
+    from types import SimpleNamespace
+
+    from leyline_server.engines.sglang.rotary import first_differing_layer
+    from leyline_server.tiny_models import tiny_config
+
+    local = rotary_for(tiny_config("llama"), "mha")
+    wide = rotary_for(tiny_config("llama", rope={"rope_type": "default", "rope_theta": 1e6}), "mha")
+
+    def model(*rotaries):
+        layers = [SimpleNamespace(self_attn=SimpleNamespace(rotary_emb=r)) for r in rotaries]
+        return SimpleNamespace(model=SimpleNamespace(layers=layers))
+
+    assert first_differing_layer(model(local, local, rotary_for(tiny_config("llama"), "mha"))) is None
+    assert first_differing_layer(model(local, local, local, local, local, wide)) == 5

@@ -23,7 +23,7 @@ import torch
 
 from leyline_server.rope import PairLayout, RopeSpec
 
-__all__ = ["find_rotary", "rope_spec_from_rotary", "SHIFTABLE_ROTARY"]
+__all__ = ["find_rotary", "first_differing_layer", "rope_spec_from_rotary", "SHIFTABLE_ROTARY"]
 
 # SGLang rotary class -> how its inverse frequencies are computed
 SHIFTABLE_ROTARY = {
@@ -43,6 +43,29 @@ def find_rotary(model: Any) -> Any | None:
         return None
     attn = getattr(layers[0], "self_attn", None)
     return getattr(attn, "rotary_emb", None)
+
+
+def _signature(rotary: Any | None) -> tuple[Any, ...] | None:
+    """What decides a rotary module's rotation: class, dims, layout, base, scaling."""
+    if rotary is None:
+        return None
+    names = ("rotary_dim", "is_neox_style", "base", "scaling_factor", "scaling_factors")
+    return (type(rotary).__name__, *(repr(getattr(rotary, n, None)) for n in names))
+
+
+def first_differing_layer(model: Any) -> int | None:
+    """The first layer whose rotary module rotates unlike layer 0's (``None``: all alike).
+
+    The spec is read from layer 0 alone; a model whose layers differ (Gemma 3's local layers use
+    base 10k, its global ones 1M) would have its other layers rotated wrongly, and the canary,
+    which checks layer 0, would not see it.
+    """
+    layers = getattr(getattr(model, "model", None), "layers", None) or []
+    first = _signature(find_rotary(model))
+    for i, layer in enumerate(layers):
+        if _signature(getattr(getattr(layer, "self_attn", None), "rotary_emb", None)) != first:
+            return i
+    return None
 
 
 def _inv_freq(rotary: Any, kind: str) -> torch.Tensor | str:

@@ -36,7 +36,7 @@ import torch
 from leyline_sdk.core.fallbacks import FallbackCode
 from leyline_server.engines.config import canary_tolerance
 from leyline_server.engines.sglang.layer0 import KeyFunction, layer0_key_function
-from leyline_server.engines.sglang.rotary import find_rotary, rope_spec_from_rotary
+from leyline_server.engines.sglang.rotary import find_rotary, first_differing_layer, rope_spec_from_rotary
 from leyline_server.kernels import rotate_copy_layers
 from leyline_server.rope import RopeSpec
 
@@ -309,6 +309,9 @@ class SchedulerSplicer:
         model = scheduler.tp_worker.model_runner.model
         model_type = str(getattr(scheduler.model_config.hf_config, "model_type", "unknown"))
         spec = rope_spec_from_rotary(find_rotary(model), layers.rotary_offset, model_type)
+        if (other := first_differing_layer(model)) is not None:
+            reason = f"layer {other} rotates unlike layer 0 (sliding-window and global layers): not spliced on SGLang"
+            spec = RopeSpec(model_type=model_type, shiftable=False, reason=reason)
         keys = layer0_key_function(model, layers.kind)
         facts = scheduler_facts(scheduler)
         return cls(scheduler.tree_cache, allocator, layers, spec, keys, refusals, facts, stream_sync(scheduler))
