@@ -32,7 +32,7 @@ from enum import Enum
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 __all__ = ["LayerRope", "PairLayout", "RopeSpec", "rope_spec_from_config"]
 
@@ -81,6 +81,12 @@ class RopeSpec(BaseModel):
     attention_scaling: float = 1.0
     layers: tuple[LayerRope, ...] = ()
 
+    @model_validator(mode="after")
+    def _layers_alike_wide(self) -> RopeSpec:
+        if any(len(layer.inv_freq) != len(self.inv_freq) for layer in self.layers):
+            raise ValueError("every layer's inverse frequencies must number rotary_dim // 2, as layer 0's do")
+        return self
+
     def for_layer(self, layer: int) -> RopeSpec:
         """The spec of decoder layer ``layer`` alone: its own frequencies, no per-layer list."""
         if not self.layers:
@@ -111,8 +117,6 @@ class RopeSpec(BaseModel):
                 runs[-1] = (runs[-1][0], i + 1, runs[-1][2])
             else:
                 runs.append((i, i + 1, self.for_layer(i)))
-        if len({r[2].inv_freq for r in runs}) == 1:
-            return [(0, n_layers, self.for_layer(0))]
         return runs
 
     @property

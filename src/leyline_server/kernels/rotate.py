@@ -24,7 +24,7 @@ import torch
 from leyline_server.kernels.phases import CHUNK, rotate_slice_, shift_cos_sin, triton_usable
 from leyline_server.rope import RopeSpec
 
-__all__ = ["rotate_copy", "rotate_copy_torch", "shift_cos_sin", "validate_pool", "check_layers", "Backend"]
+__all__ = ["rotate_copy", "rotate_copy_torch", "shift_cos_sin", "validate_pool", "Backend"]
 
 Backend = Literal["auto", "torch", "cpu", "triton"]
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -114,13 +114,6 @@ def validate_pool(
         raise ValueError("values must be [layers, slots, heads, dim] with the keys' layers and slots")
 
 
-def check_layers(spec: RopeSpec, n_layers: int) -> None:
-    """``ValueError`` unless ``spec``'s per-layer rotations (if any) describe ``n_layers`` layers alike wide."""
-    for _, _, layer_spec in spec.layer_runs(n_layers):
-        if len(layer_spec.inv_freq) != spec.rotary_dim // 2:
-            raise ValueError("every layer's inverse frequencies must number rotary_dim // 2")
-
-
 def rotate_copy(
     keys: torch.Tensor,
     src_slots: torch.Tensor,
@@ -140,10 +133,10 @@ def rotate_copy(
     Raises ``ValueError`` on bad shapes, dtypes, slot indices, or an unshiftable spec.
     """
     validate_pool(keys, src_slots, dst_slots, old_pos, new_pos, spec, values)
-    check_layers(spec, keys.shape[0])
+    runs = spec.layer_runs(keys.shape[0])  # one run unless layers differ; ValueError if it misfits
     if src_slots.numel() == 0:
         return
-    for start, stop, layer_spec in spec.layer_runs(keys.shape[0]):  # one run unless layers differ
+    for start, stop, layer_spec in runs:
         part = values[start:stop] if values is not None else None
         _rotate_alike(keys[start:stop], src_slots, dst_slots, old_pos, new_pos, layer_spec, part, backend)
 

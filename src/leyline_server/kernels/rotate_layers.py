@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from leyline_server.kernels.phases import CHUNK, rotate_slice_, shift_cos_sin, triton_usable
-from leyline_server.kernels.rotate import Backend, check_layers, validate_pool
+from leyline_server.kernels.rotate import Backend, validate_pool
 from leyline_server.rope import PairLayout, RopeSpec
 
 __all__ = ["rotate_copy_layers"]
@@ -101,10 +101,10 @@ def rotate_copy_layers(
     )
     if values is not None and len(values) != len(keys):
         raise ValueError(f"{len(values)} value layers for {len(keys)} key layers")
-    check_layers(spec, len(keys))
+    runs = spec.layer_runs(len(keys))  # one run unless layers differ; ValueError if it misfits
     if src_slots.numel() == 0:
         return
-    for start, stop, layer_spec in spec.layer_runs(len(keys)):  # one run unless layers differ
+    for start, stop, layer_spec in runs:
         part = values[start:stop] if values is not None else None
         _rotate_alike(keys[start:stop], src_slots, dst_slots, old_pos, new_pos, layer_spec, part, backend)
 
